@@ -149,6 +149,9 @@ class _LineTee:
 
 
 _arg = maxtext_log.arg
+# The TPU flag MaxText's training runs with (maxtext 0.2.5, maxtext/trainers/pre_train/train.py, ``initialize``), for
+# its ``unsafe_rbg`` PRNG: random bits drawn shard by shard (jax/random.py, "Automatic partitioning").
+TPU_RNG_FLAG = "xla_tpu_spmd_rng_bit_generator_unsafe"
 
 
 def _evaluates(argv: list[str]) -> bool:
@@ -219,6 +222,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if cpu_devices:  # emulated hosts: fake CPU devices, set before JAX creates its backend
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={cpu_devices}"
         os.environ["JAX_PLATFORMS"] = "cpu"
+    elif TPU_RNG_FLAG not in os.environ.get("LIBTPU_INIT_ARGS", ""):
+        # MaxText's train.main adds it (maxtext/trainers/pre_train/train.py, initialize), but libtpu reads its
+        # arguments once, when JAX creates its backend: before that, here, so every rank runs with it (rank 0 makes
+        # its backend before train.main, to read MaxText's lines) and the answers' initialisation is training's.
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --{TPU_RNG_FLAG}=true".strip()
     import jax
 
     if cpu_devices:
@@ -247,13 +255,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
 
+    restored = None
     if rank == 0:  # MaxText restores the newest committed checkpoint by itself: which one; saves cut short pruned
         output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
         restored = latest_checkpoint(Path(output_dir), run_name, prune=True) if output_dir and run_name else None
-    # Importing MaxText takes the ranks of busy CPU hosts tens of seconds, and they finish it far apart, while gloo
-    # gives a late peer 30 s at MaxText's first collective (then the group fails and restarts): start together.
-    if cpu_devices:
-        barrier()
+    # Every rank learns which step the group restores (a barrier too: importing MaxText takes the ranks of busy CPU
+    # hosts tens of seconds, and they finish it far apart, while gloo gives a late peer 30 s at MaxText's first
+    # collective, then the group fails and restarts: they start together).
+    restore_step = broadcast_from_rank_zero(int(restored.name) if restored else None)
     if rank == 0:
         protocol.emit(
             "event",
@@ -263,21 +272,63 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 "num_workers": world,  # an elastic run's group may be smaller than the first
                 "launched": launched,
                 "time": time.time(),
-                "restore_step": int(restored.name) if restored else None,
+                "restore_step": restore_step,
             },
         )
-    train.main(argv)
-    if config.get("answers"):  # every rank: the engine's calls are collectives on the group's mesh
-        spec = RunSpec.from_json(config["spec"])
-        held = examples(spec, Path(_arg(argv, "base_output_directory")))["heldout"][: spec.eval.generate_examples]
-        models = [(which, params) for which, params in config["answers"]]
-        maxtext_generation.answer_models(spec, config["argv"], held, models, rank, config["decode"])
+    answers = [(which, params) for which, params in config.get("answers") or []]
+    first, last = split_answers(answers, restore_step)
+    if first:  # every rank: the engine's calls are collectives on the group's mesh
+        answer(config, first, rank)
+        barrier()  # the other ranks wait in Ray Train's barrier while rank 0 scores, not at MaxText's first collective
+    if trained(argv, restore_step):
+        print(
+            f"MaxText: the restored checkpoint is step {restore_step}, the last of steps={_arg(argv, 'steps')}: "
+            "training is done, not run again",
+            flush=True,
+        )
+    else:
+        train.main(argv)
+    if last:
+        answer(config, last, rank)
     metrics = final_metrics(handler) if handler else {}
     # Rank 0's figures reach the driver as Ray Train's result: a report with a (tiny) checkpoint from rank 0.
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:
             Path(tmp, "metrics.json").write_text(json.dumps(metrics))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
+
+
+def split_answers(
+    answers: list[tuple[str, str]], restore_step: int | None
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The answers a worker group gives before training and after it: the model training starts from
+    (``maxtext_generation.INITIAL``) before, on a group that restores no checkpoint of the run (one that does
+    restore one went on from a group that answered it already), so training's own initialisation on training's own
+    mesh makes its parameters (``maxtext_generation.initial_params``); every other after."""
+    first = [a for a in answers if a[1] == maxtext_generation.INITIAL]
+    return (first if restore_step is None else []), [a for a in answers if a[1] != maxtext_generation.INITIAL]
+
+
+def trained(argv: list[str], restore_step: int | None) -> bool:
+    """Whether the checkpoint the group restores is the run's last step (MaxText saves step ``s`` after ``s + 1``
+    steps): MaxText's ``train.main`` would refuse to start ("Requested training up to step N...":
+    ``maxtext/utils/train_utils.py``, ``validate_completed_steps``, which ``setup_train_loop`` calls on the step it
+    restores), so a group that restarts after training (a failure while it answers) goes straight to the answers."""
+    steps = _arg(argv, "steps")
+    return restore_step is not None and bool(steps) and restore_step + 1 >= int(steps)
+
+
+def answer(config: dict[str, Any], models: list[tuple[str, str]], rank: int) -> None:
+    """``models``' answers to the job's evaluation prompts (``trainers.maxtext_generation.answer_models``) on this
+    worker group, in the shape of the job's ``--decode``; every rank."""
+    import gc
+
+    spec = RunSpec.from_json(config["spec"])
+    argv = config["argv"]
+    held = examples(spec, Path(_arg(argv, "base_output_directory")))["heldout"][: spec.eval.generate_examples]
+    gc.collect()  # what training left behind, before a model's parameters load
+    maxtext_generation.answer_models(spec, argv, held, models, rank, config["decode"])
+    gc.collect()  # the engine's and the parameters' arrays, before training or the next job's work
 
 
 def fit(
@@ -291,9 +342,11 @@ def fit(
     answers: tuple[tuple[str, str], ...] = (),
     decode: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """MaxText's ``train.main`` with ``args`` on a Ray Train worker group; then, after it, each of ``answers``
-    (which model, its parameters: ``trainers.maxtext_generation.answer_models``) answers the evaluation prompts on
-    the same group, in the shape ``decode`` gives (the job's ``--decode``)."""
+    """MaxText's ``train.main`` with ``args`` on a Ray Train worker group, with ``answers`` to the evaluation prompts
+    (which model, its parameters: ``trainers.maxtext_generation.answer_models``) on the same group, in the shape
+    ``decode`` gives (the job's ``--decode``): the model training starts from before ``train.main``, on a group that
+    restores no checkpoint (:func:`split_answers`), the others after it; a group that restores the last step trains
+    no more (:func:`trained`)."""
     # Ray Train V2's classes, which ray.train exports at run time (Ray 2.60), imported from where they are defined:
     # ray.train's own names are V1's to a type checker, which does not run its choice of version
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig

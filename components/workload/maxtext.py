@@ -334,9 +334,10 @@ def prefill_length(longest: int) -> int:
 
 
 def decode_prefill(spec: RunSpec) -> int:
-    """The prefill length every prompt is right-padded to: the bucket of the longest prompt (prompts are cut to
-    ``maxtext.max_target_length`` tokens, trainers.maxtext_generation). One for every job of the run, so a job's
-    prefill compiles once, to the same program in the train and the evaluation job."""
+    """The largest prefill a job may pad a prompt to: the bucket of the longest prompt there may be (prompts are cut
+    to ``maxtext.max_target_length`` tokens, trainers.maxtext_generation), the plan's worst case. A job prefills at
+    the bucket of its longest real prompt, at most this; the train and the evaluation job read the same prompts, so
+    both compile the same prefill, once."""
     return prefill_length(spec.maxtext.max_target_length)
 
 
@@ -348,7 +349,14 @@ def decode_prefill(spec: RunSpec) -> int:
 # ``logical_axis_rules``: ``cache_batch``, ``cache_sequence`` and ``cache_kv`` on no mesh axis (every device holds
 # every slot and token), ``cache_heads`` across ``autoregressive``, ``tensor`` and ``tensor_sequence``, of which
 # tpupipe sets ``tensor`` alone (``ici_tensor_parallelism``). Left out: the decode state's logits (slots x vocabulary,
-# float32) and each prefill's own batch-1 cache, small beside it.
+# float32) and each prefill's own batch-1 cache, small beside it; and the padding of a TPU's tiled layout, unmeasured:
+# the caches are laid out sequence, heads, slots, head_dim (base.yml's ``ar_cache_axis_order`` and
+# ``prefill_cache_axis_order``, "1,2,0,3"), the slots second-minor, which XLA's bfloat16 tiles may pad to a multiple
+# of 16 (37 slots taking 48's bytes); a TPU run's answers log the bytes in use on device 0 at their end
+# (trainers.maxtext_generation) to measure it by. The engine holds one decode state at a time (it serves every group
+# of prompts), so the budget is one cache's; a load holds two copies of the parameters for a moment (MaxText builds a
+# concrete model before it reshards or restores into it), under training's own footprint (the parameters and the
+# optimizer's moments), before the KV cache exists.
 BASE_DTYPE = "bfloat16"
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 SEGMENT_ID_BYTES = 4
@@ -441,9 +449,10 @@ def group_devices(spec: RunSpec) -> list[int]:
 
 def decode_shape(spec: RunSpec) -> dict[str, Any] | None:
     """The shape MaxText's engine answers in (trainers.maxtext_generation), which the MaxText jobs get on their
-    command line (``derive.job_command``): the prefill length (:func:`decode_prefill`) and the decode slots on each
-    group the run may have, by its devices (:func:`decode_slots`, a slot caching the prefill and
-    ``eval.max_new_tokens``); None without answers."""
+    command line (``derive.job_command``): the largest prefill (:func:`decode_prefill`) and the decode slots on each
+    group the run may have, by its devices (:func:`decode_slots`, a slot caching that prefill and
+    ``eval.max_new_tokens``: the worst case, so the slots fit with room the cache of the prefill the job uses, the
+    bucket of its longest prompt); None without answers."""
     n = spec.eval.generate_examples
     if not n:
         return None
@@ -483,25 +492,29 @@ def answers_plan(spec: RunSpec) -> dict[str, Any] | None:
 
 
 def _check_answers_fit(spec: RunSpec) -> None:
-    """With answers on a slice, one decode slot's KV cache must fit beside the parameters in a device's HBM, on the
-    largest group the run may have (the one whose devices hold the least of the parameters)."""
+    """With answers on a slice, one decode slot's KV cache must fit its budget (:data:`KV_CACHE_SHARE` of a device's
+    HBM left beside the parameters) on every group the run may have: the hardest is the smallest, whose devices hold
+    the most of the parameters, where :func:`decode_slots` would still answer in one slot."""
     if not spec.eval.generate_examples or spec.cluster.accelerator == "cpu":
         return
     prefill = decode_prefill(spec)
     tokens = prefill + spec.eval.max_new_tokens
-    memory = decode_memory(spec, max(group_devices(spec)), tokens)
+    memory = decode_memory(spec, min(group_devices(spec)), tokens)
     if memory.parameters is None or memory.kv_cache_per_slot is None or memory.hbm is None:
         return
-    if memory.parameters <= memory.hbm < memory.parameters + memory.kv_cache_per_slot:
-        raise SpecError(
-            "eval.max_new_tokens",
-            f"one decode slot's KV cache, {memory.kv_cache_per_slot / 1e9:,.1f} GB a device for {tokens:,} tokens "
-            f"(prompts cut to maxtext.max_target_length={spec.maxtext.max_target_length} in a prefill of "
-            f"{prefill:,}, then eval.max_new_tokens={spec.eval.max_new_tokens}), "
-            f"does not fit beside the parameters' {memory.parameters / 1e9:,.1f} GB in a {spec.cluster.accelerator} "
-            f"device's {memory.hbm / 1e9:,.1f} GB of HBM",
-            ["a smaller eval.max_new_tokens", "a smaller maxtext.max_target_length", "eval.generate_examples=0"],
-        )
+    if memory.parameters > memory.hbm or memory.slots_fitting():  # the parameters alone: training's to refuse
+        return
+    budget = int((memory.hbm - memory.parameters) * KV_CACHE_SHARE)
+    raise SpecError(
+        "eval.max_new_tokens",
+        f"one decode slot's KV cache, {memory.kv_cache_per_slot / 1e9:,.1f} GB a device for {tokens:,} tokens "
+        f"(prompts cut to maxtext.max_target_length={spec.maxtext.max_target_length} in a prefill of "
+        f"{prefill:,}, then eval.max_new_tokens={spec.eval.max_new_tokens}), does not fit its budget of "
+        f"{budget / 1e9:,.1f} GB, {KV_CACHE_SHARE:.0%} of what the parameters' {memory.parameters / 1e9:,.1f} GB "
+        f"leave of a {spec.cluster.accelerator} device's {memory.hbm / 1e9:,.1f} GB of HBM, on a worker group of "
+        f"{min(group_devices(spec))} devices, the smallest the run may have",
+        ["a smaller eval.max_new_tokens", "a smaller maxtext.max_target_length", "eval.generate_examples=0"],
+    )
 
 
 def _fmt(value: float) -> str:

@@ -161,9 +161,9 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     assert "held-out loss" in out and "not held out" not in out
     for needle in ("TFLOP/s/dev", "tok/s/dev", "held-out perplexity", "slice check", "slice bandwidth"):
         assert needle in out
-    # MaxText's engine answered the first 64 held-out prompts in the train job's last group, the model training
-    # started from and the trained one (trainers.maxtext_generation); the summary prints each task metric before and
-    # after.
+    # MaxText's engine answered the first 64 held-out prompts in the train job (trainers.maxtext_generation): the
+    # model training started from in the first group, before it trained, the trained one in the last group; the
+    # summary prints each task metric before and after.
     answered = {p["which"]: p for k, p in records(run_dir) if k == "event" and p["event"] == "answers"}
     assert set(answered) == {"before", "after"} and {a["num_examples"] for a in answered.values()} == {64}
     task = summary["task"]
