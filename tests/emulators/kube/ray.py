@@ -28,7 +28,7 @@ class Node:
     output goes (the pod's log); a worker's custom resources and labels (the head's: None)."""
 
     pod: str
-    cpus: object
+    cpus: str | float  # a rayStartParams num-cpus, or a cpu limit
     env: dict[str, str]
     log: Path
     resources: dict | None = field(default=None, kw_only=True)
