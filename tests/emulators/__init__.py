@@ -27,7 +27,9 @@ client libraries run against them (docs/architecture.md, "Tests exercise the rea
   RayCluster CRD (tests/contract/kuberay_schema.py; there is no RayJob: the stages submit their jobs through the Ray
   Jobs API), serves that CRD as a given KubeRay release installs it, plays the KubeRay operator's part with a local
   Ray cluster of the manifest's shape, and serves the head service's proxy path, where each path under a pod's Cloud
-  Storage FUSE mount (the bucket, or the ``only-dir`` of it the volume mounts) is the storage emulator's file;
+  Storage FUSE mount (the bucket, or the ``only-dir`` of it the volume mounts) is the storage emulator's file; a
+  package of one module per part (``apiserver``, ``kuberay``, ``kubelet``: the scheduler, autoscaler and kubelet,
+  ``ray``), composed by ``KubeEmulator``;
 - ``vertex``: Vertex AI Pipelines' PipelineService and ScheduleService over REST, running each task of a compiled
   pipeline in its own process; ``secretmanager``: Secret Manager's AccessSecretVersion (gRPC);
 - ``project``: the emulated project, all of them started together, and the environment that points tpupipe at them.

@@ -415,7 +415,7 @@ class Kueue:
             if updates:
                 group["template"].setdefault("metadata", {}).setdefault("annotations", {}).update(updates)
         spec["suspend"] = False
-        self.kube._create_raycluster(namespace, cluster)
+        self.kube.kuberay.reconcile(namespace, cluster)
 
     def evict(self, workload: dict, reason: str, message: str) -> None:
         """The workload loses its quota; its RayCluster is suspended (KubeRay deletes its pods) and it is requeued."""

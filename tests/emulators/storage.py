@@ -616,7 +616,7 @@ class StorageEmulator(HttpEmulator):
 
     def bucket_dir(self, bucket: str) -> Path:
         """The directory whose files are ``bucket``'s objects (``root/<bucket>``; it need not exist yet). What the
-        pods that mount the bucket reach through the mount (tests/emulators/kube.py)."""
+        pods that mount the bucket reach through the mount (tests/emulators/kube/kubelet.py)."""
         if self.root is None:
             raise ValueError("this storage emulator keeps objects in memory: it was started without a root")
         return self._objects.directory(bucket)

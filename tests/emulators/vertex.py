@@ -23,7 +23,7 @@ stand-ins of Google's), and nothing else a test gives it beyond ``env`` — no p
 container gets the image's command and environment, the variables the job's spec names, and the run's labels:
 https://cloud.google.com/vertex-ai/docs/pipelines/gcpc-label-propagation; its clients find the project from their
 credentials, and the paths it writes into its Ray jobs are the pods' own, under their Cloud Storage FUSE mount, which
-the emulated KubeRay maps for its processes: tests/emulators/kube.py). Output artifacts are written through the
+the emulated kubelet maps for its processes: tests/emulators/kube/kubelet.py). Output artifacts are written through the
 ``/gcs/`` mount path the KFP executor uses for ``gs://`` URIs (the one mount a task has: "your data is stored on
 Cloud Storage, and mounted into your components using Cloud Storage FUSE",
 https://cloud.google.com/vertex-ai/docs/pipelines/migrate-kfp); after the task the emulator moves them into the

@@ -1,6 +1,6 @@
 """The multislice environment belongs to each worker group: the worker pods carry no MEGASCALE_* (so the KubeRay TPU
-webhook adds none, tests/emulators/kube.py's rule) and a group of one slice starts with none; Ray Train sets them on
-a group that spans several slices (components/platforms/gke/plan/manifests.py cites both)."""
+webhook adds none, tests/emulators/kube/kuberay.py's rule) and a group of one slice starts with none; Ray Train sets
+them on a group that spans several slices (components/platforms/gke/plan/manifests.py cites both)."""
 
 from __future__ import annotations
 
