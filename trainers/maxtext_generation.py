@@ -95,7 +95,7 @@ def decode_args(argv: list[str], params_path: str, prefill: int, max_new_tokens:
     return args
 
 
-def initial_params(argv: list[str], mesh) -> Any:
+def initial_params(argv: list[str], mesh: Any) -> Any:
     """The parameters MaxText's training initialises from the training arguments ``argv`` (no checkpoint), on
     ``mesh``: the model built in training mode, whose RNG is ``init_weights_seed``'s (``create_nnx_abstract_model``
     and ``create_nnx_sharded_model``, as ``maxtext/utils/train_utils.py``'s ``setup_train_loop`` builds the model
