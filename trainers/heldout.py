@@ -124,8 +124,8 @@ class InJob:
         tokenizer: data.Tokenizer,
         rank: int,
         world: int,
-        device_type: str,
-        device: Any,
+        device_type: str,  # the kind of device the figures are measured on: part of their key (eval_key)
+        device: Any,  # the torch.device the model is on
     ) -> None:
         self.on = not spec.train.fail_eval
         self.starts_from_model_id = not config.get("init_from")
