@@ -27,10 +27,15 @@ import json
 import pickle
 import shutil
 import time
+from collections.abc import Callable
+from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from trainers import committed
+
+if TYPE_CHECKING:
+    from components.spec import RunSpec
 
 CHECKPOINT_META = "tpupipe_checkpoint.json"
 DCP_INDEX = committed.DCP_INDEX  # DCP's index of a sharded checkpoint, its commit marker
@@ -65,6 +70,20 @@ _INDEX_CLASSES = {
 }
 
 
+class CheckpointMeta(TypedDict):
+    """What a sharded checkpoint records of itself (:data:`CHECKPOINT_META`, written by rank 0 with its shards:
+    ``trainers.ray_checkpoints.Checkpointer``): where training was, the worker group's size, the base model, and the
+    training spec's digest (:func:`training_digest`)."""
+
+    epoch: int
+    epoch_step: int  # the batches of the epoch done, on a group of ``world`` ranks
+    global_step: int
+    world: int
+    base_model: str
+    spec_digest: str
+    optimizer: NotRequired[bool]  # whether it holds the optimizer's state (AsyncSaver.save adds it)
+
+
 class UnsafeCheckpoint(ValueError):
     """A checkpoint file holds more than tensors, plain containers and DCP's metadata: a pickle that would run code
     on load."""
@@ -73,7 +92,7 @@ class UnsafeCheckpoint(ValueError):
 # ---------------------------------------------------------------- sharded resume points (DCP)
 
 
-def _options():
+def _options() -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # The frozen per-layer table never changes (in E2B ~4.7 GB of bf16): a restore keeps the base model's, so the
@@ -81,7 +100,7 @@ def _options():
     return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
-def sharded_state(model, optimizer) -> dict[str, Any]:
+def sharded_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """This rank's shards of the weights (and of the optimizer state when ``optimizer`` is given): DTensors of the
     FSDP2 model, which DCP saves and loads shard by shard."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
@@ -119,7 +138,7 @@ class AsyncSaver:
         self.pending: Any = None  # the save in flight: DCP's future of the write
         self.staging: Any = None  # its copy to host memory, while it runs in the stager's thread
 
-    def guard(self, optimizer, waited=None) -> None:
+    def guard(self, optimizer: Any, waited: Callable[[float], None] | None = None) -> None:
         """Have each step of ``optimizer`` first wait for the copy in flight (:meth:`staged`); ``waited`` is called with
         the seconds a step waited."""
 
@@ -148,7 +167,7 @@ class AsyncSaver:
             self.staging = None
         return time.perf_counter() - started
 
-    def save(self, model, optimizer, meta: dict[str, Any], rank: int, directory: Path) -> dict[str, float]:
+    def save(self, model: Any, optimizer: Any, meta: CheckpointMeta, rank: int, directory: Path) -> dict[str, float]:
         """Start writing this rank's shards into ``directory`` (rank 0 also the index and ``meta``); the seconds
         training waited, by part: ``previous_s`` (the previous save, if still in flight), ``state_s`` (this rank's
         shards gathered into a state dict) and ``staging_s`` (the copy to host memory, or only its start where it
@@ -194,7 +213,7 @@ class _IndexUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not part of a checkpoint's index")
 
 
-def _read_index(path: Path):
+def _read_index(path: Path) -> Any:
     """DCP's index at ``path`` through :class:`_IndexUnpickler`: its metadata classes and nothing else."""
     with open(path, "rb") as f:
         try:
@@ -203,13 +222,13 @@ def _read_index(path: Path):
             raise UnsafeCheckpoint(f"refusing to load {path}: {e}") from None
 
 
-def _safe_reader(directory: Path):
+def _safe_reader(directory: Path) -> Any:
     """DCP's file reader, its index read with :func:`_read_index` instead of ``pickle.load``."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    class SafeReader(FileSystemReader):
-        def read_data(self, plan, planner):
+    class SafeReader(FileSystemReader):  # type: ignore[misc]  # a torch class: Any here (no type information)
+        def read_data(self, plan: Any, planner: Any) -> Any:
             """DCP's own reads, one file a thread: a rank reads its items file by file, one after the other
             (``FileSystemReader.read_data``), and a rank of a group smaller than the one that saved (an elastic
             restart after a lost host) holds shards of several writers' files."""
@@ -220,7 +239,7 @@ def _safe_reader(directory: Path):
             finished.set_result(None)
             return finished
 
-        def read_metadata(self, *args: Any, **kwargs: Any):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             rank = kwargs.get("rank")
             metadata = _read_index(directory / (DCP_INDEX if rank is None else f"__{rank}{DCP_INDEX}"))
             if getattr(metadata, "storage_meta", None) is None:
@@ -234,7 +253,9 @@ def _safe_reader(directory: Path):
 READ_THREADS = 8  # most files of a checkpoint one rank reads at once
 
 
-def read_files_in_parallel(read, plan, planner, storage_data: dict) -> None:
+def read_files_in_parallel(
+    read: Callable[[Any, Any], Any], plan: Any, planner: Any, storage_data: dict[Any, Any]
+) -> None:
     """``read`` (a DCP reader's ``read_data``) over ``plan``'s items (a ``LoadPlan``) split by the file each item
     is in, the files on up to :data:`READ_THREADS` threads at once; every item is read into its own tensor of the
     state (the planner's ``resolve_tensor``), so the files' reads share nothing. Waits for all; a file's error is
@@ -242,7 +263,7 @@ def read_files_in_parallel(read, plan, planner, storage_data: dict) -> None:
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
-    by_file: dict[str, list] = {}
+    by_file: dict[str, list[Any]] = {}
     for item in plan.items:
         by_file.setdefault(storage_data[item.storage_index].relative_path, []).append(item)
     if len(by_file) > 1:
@@ -254,14 +275,14 @@ def read_files_in_parallel(read, plan, planner, storage_data: dict) -> None:
         read(plan, planner).wait()
 
 
-def _safe_planner():
+def _safe_planner() -> Any:
     """DCP's default load planner, its non-tensor items read with ``weights_only=True`` (the default unpickles them
     with ``weights_only=False``: torch/distributed/checkpoint/default_planner.py, ``load_bytes``)."""
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    class SafePlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item, value) -> None:
+    class SafePlanner(DefaultLoadPlanner):  # type: ignore[misc]  # a torch class: Any here (no type information)
+        def load_bytes(self, read_item: Any, value: BytesIO) -> None:
             try:
                 torch.load(value, weights_only=True, map_location="cpu")
             except pickle.UnpicklingError as e:
@@ -282,7 +303,7 @@ def is_sharded(directory: Path) -> bool:
     return committed.dcp_committed(directory) and (directory / CHECKPOINT_META).is_file()
 
 
-def newest_sharded(storage: Path, prune: bool = False, say=None) -> Path | None:
+def newest_sharded(storage: Path, prune: bool = False, say: Callable[[str], None] | None = None) -> Path | None:
     """The newest committed sharded checkpoint in the run's storage (the directories ``Checkpointer`` names by
     step), whether or not Ray Train had registered it when the worker group was lost: Ray Train's controller
     collects the workers' reports only every few seconds (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default,
@@ -311,7 +332,7 @@ def registered(storage: Path) -> set[str] | None:
         return None
 
 
-def restore_point(storage: Path, prune: bool = False, say=print) -> Path | None:
+def restore_point(storage: Path, prune: bool = False, say: Callable[[str], None] = print) -> Path | None:
     """Where a worker group resumes: the newest committed sharded checkpoint (:func:`newest_sharded`). With ``prune``
     (rank 0 at a worker group's start, the group before it gone, before any other rank looks: the choice is then
     handed to the others, ``trainers.ray_checkpoints.restore_point``), the run's storage keeps only what a restore may
@@ -380,7 +401,7 @@ MAXTEXT_STATE_FIELDS = (
 )
 
 
-def training_digest(spec) -> str:
+def training_digest(spec: RunSpec) -> str:
     """The digest of what a resume point is a point of: the run spec's ``train`` section (the model, data, steps,
     optimizer), the prompt format the examples are written in (``trainers.data.PROMPT``) and, for the FSDP workload,
     which tokens its loss is over (``trainers.data.LABELS``), or for the MaxText workload its ``maxtext`` settings of
@@ -402,10 +423,10 @@ def training_digest(spec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def resumable_meta(directory: Path, digest: str = "") -> dict[str, Any]:
+def resumable_meta(directory: Path, digest: str = "") -> CheckpointMeta:
     """The meta of the sharded checkpoint in ``directory``; :class:`ForeignCheckpoint` when ``digest`` is given and
     the checkpoint recorded another one, or none."""
-    meta = json.loads((directory / CHECKPOINT_META).read_text())
+    meta: CheckpointMeta = json.loads((directory / CHECKPOINT_META).read_text())
     if digest and meta.get("spec_digest") != digest:
         raise _foreign(directory, meta.get("spec_digest"), digest)
     return meta
@@ -437,7 +458,7 @@ def mark_checkpoints(directory: Path, digest: str) -> None:
         raise _foreign(saved, recorded, digest)
 
 
-def load_sharded(model, optimizer, directory: Path, digest: str = "", group=None) -> dict[str, Any]:
+def load_sharded(model: Any, optimizer: Any, directory: Path, digest: str = "", group: Any = None) -> CheckpointMeta:
     """Restore a checkpoint of :class:`AsyncSaver` into the sharded model and, when it holds one, the optimizer
     (without one the optimizer starts fresh); each rank reads only its own shards. Returns the checkpoint's meta.
     With ``digest`` (:func:`training_digest` of the run's spec), a checkpoint recorded under another one, or under
@@ -478,7 +499,7 @@ def load_sharded(model, optimizer, directory: Path, digest: str = "", group=None
 # ---------------------------------------------------------------- the trained model (Hugging Face layout)
 
 
-def save_final(model, tokenizer, meta: dict[str, Any], rank: int, directory: Path) -> None:
+def save_final(model: Any, tokenizer: Any, meta: dict[str, Any], rank: int, directory: Path) -> None:
     """Gather the trained weights to rank 0 and write them with the config and tokenizer (every rank calls it). The
     frozen per-layer table is left out (``ignore_frozen_params``): the model is the base model (``train.model_id``)
     with these weights loaded over it (``trainers.model.load_trained``)."""

@@ -21,13 +21,44 @@ import json
 import os
 import random
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from components.spec import RunSpec, datasets
 
 PROMPT = "Instruction: {instruction}\nResponse: {response}"
+
+
+class Examples(Protocol):
+    """A split's examples as the trainers read them (:func:`load_split`): a list of dicts (a job's own files) or a
+    ``datasets.Dataset`` (a hub dataset, which has no type information here), either one sized and read in order."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+
+class Tokenizer(Protocol):
+    """What the trainers use of a Hugging Face tokenizer (transformers' ``PreTrainedTokenizerBase``: transformers has
+    no type information here, so a tokenizer is Any until it is passed as one of these)."""
+
+    bos_token_id: int | None
+    eos_token_id: int | None
+    pad_token_id: int | None
+    name_or_path: str
+    padding_side: str
+
+    def __len__(self) -> int: ...
+
+    def __call__(self, text: list[str], *, add_special_tokens: bool) -> Any: ...  # a BatchEncoding: dict-like
+
+    def get_vocab(self) -> dict[str, int]: ...
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool) -> str: ...
+
+    def save_pretrained(self, save_directory: str | Path) -> Any: ...
+
 
 # The generated task's facts and phrasings (the module's docstring). Short names: the longest example with the
 # beginning and end tokens is 58 tokens with a scratch model's character tokenizer (one token a character), within
@@ -130,7 +161,7 @@ def local_cache_dir(run_name: str) -> str:
     return str(Path(tempfile.gettempdir()) / "tpupipe-datasets" / run_name)
 
 
-def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cache_dir: str | None = None):
+def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cache_dir: str | None = None) -> Examples:
     """One split: the job's own JSON-lines files (the generated dataset, a run's snapshot: ``job_files``) read as they
     are, one example a line, without the ``datasets`` library (its import and its Arrow conversion are most of a
     small split's load); else a local JSON file or a hub name through ``datasets.load_dataset``. Either way the
@@ -140,9 +171,12 @@ def load_split(dataset: str, split: str, data_files: dict[str, str] | None, cach
             return [json.loads(line) for line in f if line.strip()]
     import datasets
 
+    loaded: Examples  # a datasets.Dataset
     if dataset.endswith((".json", ".jsonl")):
-        return datasets.load_dataset("json", data_files=dataset, split=split, cache_dir=cache_dir)
-    return datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
+        loaded = datasets.load_dataset("json", data_files=dataset, split=split, cache_dir=cache_dir)
+    else:
+        loaded = datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
+    return loaded
 
 
 # ---------------------------------------------------------------- tokenised, in memory, kept for the run
@@ -163,7 +197,7 @@ TOKENIZED_DIR = "tokenized"  # under the run's own cache directory (components.w
 _COLUMNS = ("input_ids", "attention_mask", "labels")
 
 
-def tokenizer_identity(tokenizer) -> dict[str, Any]:
+def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
     """What tokenising depends on in ``tokenizer``: its class, name, padding side, pad token and vocabulary (as a
     digest)."""
     vocab = json.dumps(sorted(tokenizer.get_vocab().items())).encode()
@@ -203,14 +237,14 @@ class Tokenized:
     def __len__(self) -> int:
         return int(self.columns["input_ids"].shape[0])
 
-    def __getitem__(self, index) -> dict[str, Any]:
+    def __getitem__(self, index: int | slice | list[int]) -> dict[str, Any]:
         return {name: column[index] for name, column in self.columns.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Any]:
         return self[indices]
 
 
-def prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+def prompt_ids(tokenizer: Tokenizer, prompts: list[str]) -> list[list[int]]:
     """Each prompt's ids as a model is asked with it: the tokenizer's beginning token, if it has one, then the text's
     own tokens, no end token. One function for training and decoding (``trainers.generation.encode``), so the prefix
     the loss trains a continuation of is the one decoding feeds (TRL's SFTTrainer warns when its prompt's ids are
@@ -219,7 +253,7 @@ def prompt_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
     return [bos + ids for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
 
 
-def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
+def _encode(examples: Examples, tokenizer: Tokenizer, max_length: int) -> dict[str, Any]:
     """Each example as :data:`LABELS` says: :func:`prompt_ids`, the response's ids, the end token, cut to
     ``max_length`` (the end token goes with the response when they do not fit, so the model never learns to stop
     mid-answer) and right-padded to it; labels are the input ids past the prompt, -100 over the prompt and the
@@ -241,7 +275,7 @@ def _encode(examples, tokenizer, max_length: int) -> dict[str, Any]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def _check_labelled(labels, longest_prompt: int, max_length: int) -> None:
+def _check_labelled(labels: Any, longest_prompt: int, max_length: int) -> None:
     """An example whose prompt fills ``max_length`` has no token the loss is over: it teaches and measures nothing.
     Some of them: a warning with their count; all of them: an error naming ``train.max_length``, since training would
     run on a loss of 0 and every held-out figure would be 0, which no gate can compare."""
@@ -288,7 +322,9 @@ def _write_cached(path: Path, key: str, columns: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def tokenize(examples, tokenizer, max_length: int, cache: str = "", write: bool = True) -> Tokenized:
+def tokenize(
+    examples: Examples, tokenizer: Tokenizer, max_length: int, cache: str = "", write: bool = True
+) -> Tokenized:
     """The examples tokenised (:class:`Tokenized`). ``cache``: the run's own cache directory, which no other run
     reads (empty: none), where the split is looked up by :func:`tokenized_key` and, on a miss, written when
     ``write`` (one rank writes)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ class InjectedFailure(RuntimeError):
 # ---------------------------------------------------------------- the loop each worker runs
 
 
-def data_loader(dataset, batch_size: int, seed: int, world: int, rank: int):
+def data_loader(dataset: data.Tokenized | Sequence[Any], batch_size: int, seed: int, world: int, rank: int) -> Any:
     """This worker's batches, shuffled by ``train.seed`` and the epoch (``loader.sampler.set_epoch``): a
     ``DistributedSampler`` of its own seeded by it (Ray's ``prepare_data_loader`` would add one with torch's default
     seed, 0, whatever the spec says) that can start an epoch at a given batch (``loader.sampler.skip_batches``: a
@@ -48,16 +50,16 @@ def data_loader(dataset, batch_size: int, seed: int, world: int, rank: int):
     )
 
 
-def _as_is(batch):
+def _as_is(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def prefetched(loader, device):
+def prefetched(loader: Iterable[dict[str, Any]], device: Any) -> Iterator[dict[str, Any]]:
     """The loader's batches on ``device``, each one's copy started before the step on the one before it runs: the
     next batch is read and on its way while the step is dispatched (asynchronous copies where the device has them;
     on the CPU a copy is nothing)."""
 
-    def moved(batch):
+    def moved(batch: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if batch is None else {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     batches = iter(loader)
@@ -67,24 +69,29 @@ def prefetched(loader, device):
         yield batch
 
 
-def _resumable_sampler(dataset, batch_size: int, seed: int, world: int, rank: int):
+def _resumable_sampler(
+    dataset: data.Tokenized | Sequence[Any], batch_size: int, seed: int, world: int, rank: int
+) -> Any:
     from torch.utils.data import DistributedSampler
 
-    class ResumableSampler(DistributedSampler):
+    class ResumableSampler(DistributedSampler):  # type: ignore[misc]  # a torch class: Any here (no type information)
         """DistributedSampler's order for the epoch, less its first ``skip_batches`` batches."""
 
         skip_batches = 0
 
-        def __iter__(self):
+        def __iter__(self) -> Iterator[int]:
             return iter(list(super().__iter__())[self.skip_batches * batch_size :])
 
         def __len__(self) -> int:
-            return max(0, super().__len__() - self.skip_batches * batch_size)
+            whole: int = super().__len__()
+            return max(0, whole - self.skip_batches * batch_size)
 
     return ResumableSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
 
 
-def _setup(spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device, phases):
+def _setup(
+    spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device: Any, phases: Phases
+) -> tuple[data.Tokenizer, Any, Any, Any, data.Examples]:
     """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split, each
     timed in ``phases``. The model is ``train.model_id`` as it is, or with a registered version's weights over it
     (``config["init_from"]``: the checkpoint ``train.init_from`` resolved to when the stage started). The tokenised
@@ -128,11 +135,11 @@ class Phases:
         self.seconds: dict[str, float] = {}
         self.facts: dict[str, Any] = {}
 
-    def timed(self, name: str):
+    def timed(self, name: str) -> AbstractContextManager[None]:
         import contextlib
 
         @contextlib.contextmanager
-        def timing():
+        def timing() -> Iterator[None]:
             started = time.perf_counter()
             try:
                 yield
@@ -142,7 +149,7 @@ class Phases:
         return timing()
 
 
-def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
+def _mesh(spec: RunSpec, world: int, rank: int, device_type: str) -> Any:
     """The device mesh over the workers: 1-D on one slice; over several, 2-D (HSDP: replicate across the slices,
     shard within one), each rank placed by the slice its host is on (``trainers.mesh.slice_name``, the slice check's
     rule). Rank 0 prints it."""
@@ -154,7 +161,9 @@ def _mesh(spec: RunSpec, world: int, rank: int, device_type: str):
     return built
 
 
-def _resume(model, optimizer, rank: int, world: int, digest: str, group) -> tuple[checkpoints.Position, bool]:
+def _resume(
+    model: Any, optimizer: Any, rank: int, world: int, digest: str, group: Any
+) -> tuple[checkpoints.Position, bool]:
     """Where to start after a restart: the newest committed sharded checkpoint in the run's storage, as rank 0 chose
     it for every rank (``ray_checkpoints.restore_point``, which prunes what no restore needs), else Ray Train's
     latest, restored with the batch of the epoch it had reached (in samples, so a group of another size starts at
@@ -185,7 +194,16 @@ def _resume(model, optimizer, rank: int, world: int, digest: str, group) -> tupl
     return checkpoints.Position(meta["epoch"], epoch_step, meta["global_step"]), True
 
 
-def _run_epoch(spec: RunSpec, model, optimizer, loader, device, at, resumed: bool, saves) -> tuple[Any, int]:
+def _run_epoch(
+    spec: RunSpec,
+    model: Any,
+    optimizer: Any,
+    loader: Any,
+    device: Any,
+    at: checkpoints.Position,
+    resumed: bool,
+    saves: ray_checkpoints.Checkpointer,
+) -> tuple[Any, int]:
     """The rest of this worker's shard of the epoch ``at`` is in: (the summed loss, an fp32 tensor on the device, the
     steps run). The loss stays on the device: nothing waits for the host inside the epoch (on XLA a ``.item()`` or
     a copy to the CPU each step would cut the traced graph and stall the pipeline). Rank 0 prints one short ``step``

@@ -56,7 +56,7 @@ def generation_key(eval_key: str, spec: RunSpec) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
+def encode(tokenizer: data.Tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
     """(input ids, attention mask) of the prompts, each as training's prefix (``trainers.data.prompt_ids``: the
     tokenizer's beginning token, no end one), cut to its last ``max_length`` tokens and left-padded to the longest."""
     import torch
@@ -71,14 +71,16 @@ def encode(tokenizer, prompts: list[str], max_length: int) -> tuple[Any, Any]:
     return ids, mask
 
 
-def decode(tokenizer, tokens: list[int]) -> str:
+def decode(tokenizer: data.Tokenizer, tokens: list[int]) -> str:
     """An answer's text: its tokens up to the first end-of-sequence (or padding), without special tokens."""
     stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
     cut = next((i for i, t in enumerate(tokens) if t in stop), len(tokens))
     return tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip()
 
 
-def answer(model, tokenizer, prompts: list[str], spec: RunSpec, device, rank: int, world: int) -> list[str]:
+def answer(
+    model: Any, tokenizer: data.Tokenizer, prompts: list[str], spec: RunSpec, device: Any, rank: int, world: int
+) -> list[str]:
     """Every prompt's answer, in order, on every worker (a collective: every worker calls it with the same prompts)."""
     import torch
     import torch.distributed as dist
@@ -138,7 +140,16 @@ class Answering:
     training's last collective by then). The answers wait in ``<output dir>/eval/answered-<which>.json``, which a
     worker group restarted during training reads back."""
 
-    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer, rank: int, world: int, device_type, device):
+    def __init__(
+        self,
+        spec: RunSpec,
+        config: dict[str, Any],
+        tokenizer: data.Tokenizer,
+        rank: int,
+        world: int,
+        device_type: str,
+        device: Any,
+    ) -> None:
         self.spec, self.tokenizer, self.rank, self.world = spec, tokenizer, rank, world
         self.device_type, self.device = device_type, device
         self.on = bool(spec.eval.generate_examples) and bool(config.get("output_dir"))
@@ -157,7 +168,7 @@ class Answering:
                 metrics.load_scorer(spec.eval.scorer)
                 self.scorer = dataclasses.asdict(metrics.resolve_scorer(spec.eval.scorer))
 
-    def answer(self, model, which: str) -> Answered | None:
+    def answer(self, model: Any, which: str) -> Answered | None:
         """``which``'s answers, on rank 0 (a collective: every worker calls it); None on the others and when off."""
         if not self.on:
             return None
@@ -166,7 +177,7 @@ class Answering:
         answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
         return Answered(which, answers, time.perf_counter() - started) if self.rank == 0 else None
 
-    def __call__(self, model, which: str) -> dict[str, Any]:
+    def __call__(self, model: Any, which: str) -> dict[str, Any]:
         """``which``'s answers, scored; rank 0 writes them and emits the event. Nothing when off."""
         started = time.perf_counter()
         made = self.answer(model, which)
@@ -177,7 +188,7 @@ class Answering:
         spec, examples, directory = self.spec, self.examples, self.directory
         return record(spec, examples, made.answers, made.which, directory, self.key, started, self.scorer)
 
-    def kept(self, model, which: str) -> None:
+    def kept(self, model: Any, which: str) -> None:
         """``which``'s answers made now and kept to be scored later (:meth:`score_kept`); rank 0 writes them with an
         ``answered`` event (their seconds: the job's evaluation in the goodput ledger)."""
         made = self.answer(model, which)

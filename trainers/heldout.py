@@ -46,7 +46,7 @@ def eval_key(spec: RunSpec, examples: str, device_type: str, world: int) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def shard_batches(ds, rank: int, world: int, batch_size: int) -> list[dict[str, Any]]:
+def shard_batches(ds: data.Tokenized, rank: int, world: int, batch_size: int) -> list[dict[str, Any]]:
     """This worker's share of the split (examples ``rank, rank + world, ...``) in batches of one shape. Every worker
     runs the same number of forward passes (each one is a collective under FSDP): a worker with fewer examples
     pads with copies of the first example whose labels are masked, so they add neither loss nor tokens."""
@@ -61,7 +61,7 @@ def shard_batches(ds, rank: int, world: int, batch_size: int) -> list[dict[str, 
     return batches
 
 
-def heldout_sums(model, batches, device):
+def heldout_sums(model: Any, batches: list[dict[str, Any]], device: Any) -> Any:
     """(summed next-token loss, target tokens) over the batches, as one fp32 tensor on the device: nothing waits
     for the host until the caller's all_reduce."""
     import torch
@@ -83,13 +83,15 @@ def heldout_sums(model, batches, device):
     return sums
 
 
-def loss(model, batches, device) -> float:
+def loss(model: Any, batches: list[dict[str, Any]], device: Any) -> float:
     """The held-out loss over every worker's batches: each worker's sums, then one all_reduce (a collective: every
     worker of the group calls it)."""
     import torch.distributed as dist
 
     sums = heldout_sums(model, batches, device)
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    total: float
+    count: float
     total, count = sums.tolist()
     return total / max(count, 1.0)
 
@@ -98,7 +100,9 @@ class Split:
     """The held-out split as a worker reads it: the examples (``raw``), this worker's batches, and the key of every
     figure measured on them."""
 
-    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer, rank: int, world: int, device_type: str):
+    def __init__(
+        self, spec: RunSpec, config: dict[str, Any], tokenizer: data.Tokenizer, rank: int, world: int, device_type: str
+    ) -> None:
         t = spec.train
         self.raw = data.load_split(t.dataset, data.splits(spec)[1], config.get("data_files"), config.get("cache_dir"))
         self.batches = shard_batches(data.tokenize(self.raw, tokenizer, t.max_length), rank, world, t.batch_size)
@@ -113,13 +117,22 @@ class InJob:
     with that epoch's checkpoint, so the figure reaches the driver bound to the checkpoint it was measured on.
     ``train.fail_eval`` leaves the measuring to the evaluation job, whose failure path it tests."""
 
-    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer, rank: int, world: int, device_type, device):
+    def __init__(
+        self,
+        spec: RunSpec,
+        config: dict[str, Any],
+        tokenizer: data.Tokenizer,
+        rank: int,
+        world: int,
+        device_type: str,  # the kind of device the figures are measured on: part of their key (eval_key)
+        device: Any,  # the torch.device the model is on
+    ) -> None:
         self.on = not spec.train.fail_eval
         self.starts_from_model_id = not config.get("init_from")
         self.rank, self.device = rank, device
         self.split = Split(spec, config, tokenizer, rank, world, device_type) if self.on else None
 
-    def measure(self, model, which: str) -> dict[str, Any]:
+    def measure(self, model: Any, which: str) -> dict[str, Any]:
         split = self.split
         assert split is not None
         started = time.perf_counter()
@@ -131,13 +144,13 @@ class InJob:
             protocol.emit("event", event)
         return found
 
-    def before(self, model, resumed: bool) -> None:
+    def before(self, model: Any, resumed: bool) -> None:
         """The model as built, before the first step (a resumed group has trained it already: its first group
         measured it)."""
         if self.on and self.starts_from_model_id and not resumed:
             self.measure(model, "before")
 
-    def after(self, model) -> dict[str, Any]:
+    def after(self, model: Any) -> dict[str, Any]:
         """The trained model's figure, for the last epoch's metrics; nothing when the evaluation job measures it."""
         return self.measure(model, "after") if self.on else {}
 

@@ -14,7 +14,7 @@ from components.spec import RunSpec
 def scaling_config(text: str) -> dict[str, Any]:
     """Ray ``ScalingConfig`` arguments from the job's ``--scaling-config`` JSON (derived with the RayCluster from the
     TPU catalogue, in ``components.workload.derive``); an elastic ``num_workers`` range comes back as a tuple."""
-    args = json.loads(text)
+    args: dict[str, Any] = json.loads(text)
     if isinstance(args.get("num_workers"), list):
         args["num_workers"] = tuple(args["num_workers"])
     return args

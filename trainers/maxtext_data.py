@@ -58,7 +58,7 @@ def write_dataset(train_file: str, eval_file: str, num_train: int, num_eval: int
     return write_splits(train_file, eval_file, data.generate(num_train, num_eval, seed))
 
 
-def read_snapshot(directory: Path) -> dict[str, list[dict]]:
+def read_snapshot(directory: Path) -> dict[str, list[dict[str, str]]]:
     """The run's data snapshot's two splits, as the train stage put them under the jobs' directory (``data/``)."""
     return {
         split: [json.loads(line) for line in (directory / f"{split}.jsonl").read_text().splitlines() if line]
@@ -66,7 +66,7 @@ def read_snapshot(directory: Path) -> dict[str, list[dict]]:
     }
 
 
-def write_splits(train_file: str, eval_file: str, splits: dict[str, list[dict]]) -> dict[str, int]:
+def write_splits(train_file: str, eval_file: str, splits: dict[str, list[dict[str, str]]]) -> dict[str, int]:
     """The ``train`` and ``heldout`` examples as MaxText's rows at the two paths; returns the row counts."""
     counts = {}
     for split, path in (("train", train_file), ("heldout", eval_file)):

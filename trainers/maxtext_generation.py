@@ -139,7 +139,7 @@ def initial_params(argv: list[str]) -> Any:
     lora = getattr(getattr(config, "lora", None), "enable_lora", False)
     wrt = getattr(nnx, "LoRAParam", nnx.Param) if lora else nnx.Param
 
-    def create_train_state():  # setup_train_loop's create_train_state_fn (maxtext/utils/train_utils.py)
+    def create_train_state() -> Any:  # setup_train_loop's create_train_state_fn (maxtext/utils/train_utils.py)
         model = create_model()
         return train_state_nnx.TrainStateNNX(model, nnx.Optimizer(model, tx, wrt=wrt))
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 # A loss as MaxText formats it (``f"{loss:.3f}"``): digits, or nan/inf when training diverged.
 _LOSS = r"(?P<loss>-?(?:[\d.]+|nan|inf))"
@@ -150,7 +151,7 @@ class MetricsFile:
     def __init__(self, path: str):
         self.path, self.offset, self.pending, self.head = path, 0, "", ""
 
-    def read(self) -> list[dict]:
+    def read(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, encoding="utf8") as f:
                 head = f.read(HEAD_CHARS)
@@ -169,14 +170,14 @@ class MetricsFile:
 HEAD_CHARS = 64  # the start of the file a read remembers, to see it emptied and written again
 
 
-def _record(line: str) -> dict | None:
+def _record(line: str) -> dict[str, Any] | None:
     try:
         return json.loads(line) if line.strip() else None
     except json.JSONDecodeError:  # a line cut by the file emptied under the reader: its figures are lost, not the run
         return None
 
 
-def parse_step(line: str) -> dict | None:
+def parse_step(line: str) -> dict[str, Any] | None:
     """MaxText's per-step log line -> a metric record."""
     match = STEP_LINE.search(line)
     if not match:

@@ -35,8 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from components.spec import RunSpec, datasets, protocol
 from trainers import (
@@ -131,7 +132,7 @@ class _StepRecords(logging.Handler):
 class _LineTee:
     """A stdout that also hands each complete line to ``on_line``; Orbax's background thread writes too."""
 
-    def __init__(self, stream, on_line):
+    def __init__(self, stream: TextIO, on_line: Callable[[str], None]) -> None:
         self.stream, self.on_line, self.pending = stream, on_line, ""
         self.lock = threading.RLock()
 
@@ -144,7 +145,7 @@ class _LineTee:
                 self.on_line(line)
         return len(text)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
@@ -162,7 +163,8 @@ def _evaluates(argv: list[str]) -> bool:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for an IPv4 socket
+        return port
 
 
 def rank_zero_records(argv: list[str], mode: str) -> tuple[_StepRecords, list[str]]:
@@ -237,7 +239,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         import ray.util
 
-        address = broadcast_from_rank_zero(f"{ray.util.get_node_ip_address()}:{_free_port()}" if rank == 0 else "")
+        address = broadcast_from_rank_zero(
+            f"{ray.util.get_node_ip_address()}:{_free_port()}"  # type: ignore[no-untyped-call]  # Ray 2.60: unannotated
+            if rank == 0
+            else ""
+        )
         jax.distributed.initialize(coordinator_address=address, num_processes=world, process_id=rank)
         jax.devices()  # every rank forms its backend now: each waits for all the others' (rank 0's, below, too)
     handler, argv = None, list(config["argv"])
@@ -425,7 +431,9 @@ def train_answers(spec: RunSpec, args: list[str]) -> tuple[tuple[str, str], ...]
     return (("before", maxtext_generation.INITIAL), ("after", maxtext_generation.LATEST))
 
 
-def run_compile(spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str) -> dict:
+def run_compile(
+    spec: RunSpec, scaling: dict[str, Any], args: list[str], output_dir: Path, run_name: str
+) -> dict[str, Any]:
     """The compile job: MaxText's train step on synthetic inputs of the run's shapes
     (``components.workload.maxtext.compile_args``), in fresh worker processes, writing JAX's persistent cache to
     ``jax_cache_dir``; what JAX compiled and loaded is its ``compile_cache`` event (``trainers.jax_events``). A train
@@ -473,7 +481,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, maxtext_args
 
 
-def examples(spec: RunSpec, output_dir: Path) -> dict[str, list[dict]]:
+def examples(spec: RunSpec, output_dir: Path) -> dict[str, list[dict[str, str]]]:
     """The ``train`` and ``heldout`` examples: the run's data snapshot's (the train stage put them under
     ``output_dir/data``), else the generated dataset's."""
     t = spec.train

@@ -80,7 +80,7 @@ def megascale_env(slices: list[str], index: int, coordinator: str) -> dict[str, 
     }
 
 
-def device_mesh(device_type: str, rows: list[list[int]]):
+def device_mesh(device_type: str, rows: list[list[int]]) -> Any:
     """The mesh over ``rows`` (:func:`layout`): 1-D over every rank for one slice, else 2-D (replicate over the
     slices, shard within one; dims :data:`MESH_DIMS`). Every rank calls it with the same rows."""
     import torch
@@ -104,7 +104,7 @@ def gather_slices(name: str) -> list[str]:
     return out
 
 
-def describe(mesh) -> str:
+def describe(mesh: Any) -> str:
     """The mesh as the job log shows it: ``mesh (replicate=2, shard=2)``, or ``mesh (4,)`` for a 1-D one."""
     names = mesh.mesh_dim_names
     shape = tuple(mesh.mesh.shape)
@@ -127,7 +127,7 @@ def dtypes(device_type: str, precision: str) -> tuple[str, str | None]:
     return ("bfloat16", "bfloat16") if precision == "bf16" else ("float32", "bfloat16")
 
 
-def parallelize(model, mesh, compute: str | None = None):
+def parallelize(model: Any, mesh: Any, compute: str | None = None) -> Any:
     """FSDP2 in the layout of the GKE tutorial "Fine-tune models on multi-host TPUs with Ray and TorchTPU"
     (docs/tutorials.md) on TorchTPU: ``fully_shard`` on each decoder layer's MLP, then on the root (attention, norms and
     embeddings shard with it), the frozen per-layer embedding table in ``ignored_params`` (every rank keeps it whole and
@@ -155,7 +155,7 @@ def parallelize(model, mesh, compute: str | None = None):
     return model
 
 
-def shard_from_host(model, mesh, compute: str | None, device):
+def shard_from_host(model: Any, mesh: Any, compute: str | None, device: Any) -> Any:
     """:func:`parallelize` of ``model``, built on the host, without it ever being whole on a device: its weights are
     kept on the host, the module goes to the meta device and is sharded there, each rank allocates its shards alone
     (``to_empty``), then copies its part of each weight in, moved in the narrower of its host and device dtypes (the
@@ -188,7 +188,7 @@ def shard_from_host(model, mesh, compute: str | None, device):
     return model
 
 
-def _fill(target, source, name: str) -> None:
+def _fill(target: Any, source: Any, name: str) -> None:
     """Copy this rank's part of ``source`` (the whole tensor, on the host) into ``target``: a sharded parameter's
     local shard (FSDP2 shards dim 0 in ``torch.chunk``'s pieces, the last ones possibly empty) or a whole tensor."""
     from torch.distributed.tensor import DTensor
@@ -208,7 +208,7 @@ def _fill(target, source, name: str) -> None:
     local.copy_(part.to(local.device))  # widened, where it is, on the device
 
 
-def train_step(model, optimizer, batch: dict[str, Any], device):
+def train_step(model: Any, optimizer: Any, batch: dict[str, Any], device: Any) -> Any:
     """One optimizer step on this rank's batch; the loss, detached, on the device (nothing waits for the host).
 
     The loss is a mean over every rank's labelled tokens, as the held-out figure is (``trainers.heldout.loss``), not

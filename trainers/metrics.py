@@ -157,7 +157,7 @@ def load_scorer(ref: str) -> Callable[[str, str, str], Any]:
     module = resolve_scorer(ref).module
     name = ref.partition(":")[2]
     try:
-        found = getattr(importlib.import_module(module), name)
+        found: object = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise ScorerError(f"eval.scorer {ref}: cannot be imported ({exc})") from exc
     if not callable(found):

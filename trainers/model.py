@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import string
+from typing import Any
 
 import torch
 
 from components.spec import SCRATCH_PREFIX
 from components.spec import models as model_configs
+from trainers import data
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = string.printable  # letters, digits, punctuation, whitespace
 
 
-def char_tokenizer():
+def char_tokenizer() -> data.Tokenizer:
     """A character-level tokenizer that needs no downloaded files: specials then printable ASCII."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -26,9 +28,10 @@ def char_tokenizer():
         single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])]
     )
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    fast: data.Tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
+    return fast
 
 
 def weights_source(model_id: str) -> str:
@@ -43,15 +46,16 @@ def weights_source(model_id: str) -> str:
     return checked_dir() or model_id
 
 
-def load_tokenizer(model_id: str):
+def load_tokenizer(model_id: str) -> data.Tokenizer:
     if model_id.startswith(SCRATCH_PREFIX):
         return char_tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(weights_source(model_id), token=os.environ.get("HF_TOKEN"))
+    loaded: data.Tokenizer = AutoTokenizer.from_pretrained(weights_source(model_id), token=os.environ.get("HF_TOKEN"))
+    return loaded
 
 
-def build_model(model_id: str, tokenizer, seed: int, dtype: torch.dtype = torch.float32):
+def build_model(model_id: str, tokenizer: data.Tokenizer, seed: int, dtype: torch.dtype = torch.float32) -> Any:
     """The model training starts from. Scratch configs are seeded, so the same call twice gives the same
     untrained weights (the evaluate stage's "before" model)."""
     torch.manual_seed(seed)
@@ -75,7 +79,7 @@ def build_model(model_id: str, tokenizer, seed: int, dtype: torch.dtype = torch.
     return load_pretrained(weights_source(model_id), dtype)
 
 
-def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):
+def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32) -> Any:
     """A hub name or local directory, loaded for text training. A composite checkpoint (``google/gemma-4-E2B-it`` is
     ``Gemma4ForConditionalGeneration``: text, vision and audio configs) loads without its vision and audio towers;
     its ``__init__`` takes no ``use_cache``, so the cache is turned off on the text config."""
@@ -92,7 +96,9 @@ def load_pretrained(path_or_id: str, dtype: torch.dtype = torch.float32):
     )
 
 
-def load_trained(model_id: str, checkpoint: str, tokenizer, seed: int, dtype: torch.dtype = torch.float32):
+def load_trained(
+    model_id: str, checkpoint: str, tokenizer: data.Tokenizer, seed: int, dtype: torch.dtype = torch.float32
+) -> Any:
     """A fine-tuned model: the base model (``model_id``, which holds the frozen per-layer table the checkpoint
     leaves out) with the checkpoint's trained weights loaded over it."""
     from pathlib import Path
@@ -114,23 +120,23 @@ def load_trained(model_id: str, checkpoint: str, tokenizer, seed: int, dtype: to
     return model
 
 
-def language_model(model) -> torch.nn.Module:
+def language_model(model: Any) -> torch.nn.Module:
     """The decoder stack: ``model.model.language_model`` in a composite (text + towers) model, else ``model.model``."""
     inner = model.model
     return getattr(inner, "language_model", inner)
 
 
-def decoder_layers(model) -> list[torch.nn.Module]:
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return list(language_model(model).layers)
 
 
-def frozen_params(model) -> set[torch.nn.Parameter]:
+def frozen_params(model: Any) -> set[torch.nn.Parameter]:
     """Parameters kept out of training and of sharding: Gemma's per-layer embedding table."""
     table = getattr(language_model(model), "embed_tokens_per_layer", None)
     return set(table.parameters()) if table is not None else set()
 
 
-def frozen_names(model) -> set[str]:
+def frozen_names(model: Any) -> set[str]:
     """The state-dict names of :func:`frozen_params` (what checkpoints leave out)."""
     frozen = {id(p) for p in frozen_params(model)}
     return {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in frozen}

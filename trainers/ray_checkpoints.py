@@ -54,7 +54,7 @@ class Checkpointer:
     (``poll_wait_s``), and a
     ``checkpoint_written`` event with the save's whole duration."""
 
-    def __init__(self, spec: RunSpec, model, optimizer, tokenizer, rank: int, world: int) -> None:
+    def __init__(self, spec: RunSpec, model: Any, optimizer: Any, tokenizer: Any, rank: int, world: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.t, self.model, self.tokenizer, self.rank, self.world = spec.train, model, tokenizer, rank, world
@@ -82,7 +82,7 @@ class Checkpointer:
         self.reported = None
         return time.perf_counter() - started
 
-    def _meta(self, at: Position) -> dict[str, Any]:
+    def _meta(self, at: Position) -> checkpoints.CheckpointMeta:
         return {
             "epoch": at.epoch,
             "epoch_step": at.epoch_step,

@@ -31,11 +31,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.spec import RunSpec, protocol
 from trainers import job_args, mesh, slice_probe
-from trainers.slice_probe import Probe
+from trainers.slice_probe import Probe, ProbeInfo
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.util.placement_group import PlacementGroup
 
 
 def expected_sum(world: int) -> int:
@@ -46,7 +50,7 @@ def expected_sum(world: int) -> int:
 # ---------------------------------------------------------------- ranks
 
 
-def assign_ranks(infos: list[dict[str, Any]], devices_per_host: int, per_device: bool) -> list[int]:
+def assign_ranks(infos: list[ProbeInfo], devices_per_host: int, per_device: bool) -> list[int]:
     """Each actor's rank from where it runs: the host's worker id (``TPU_WORKER_ID``; on emulated CPU hosts, the
     order of the hosts' bundles) after the slices before it, times the devices of a host, plus the accelerator id
     (``per_device``; a device without one takes its place among its host's actors). Raises ValueError naming the
@@ -86,7 +90,9 @@ def assign_ranks(infos: list[dict[str, Any]], devices_per_host: int, per_device:
 # ---------------------------------------------------------------- the driver
 
 
-def _reserve(spec: RunSpec, scaling: dict[str, Any], devices_per_host: int, per_device: bool, timeout_s: float):
+def _reserve(
+    spec: RunSpec, scaling: dict[str, Any], devices_per_host: int, per_device: bool, timeout_s: float
+) -> tuple[PlacementGroup, int, dict[str, int]]:
     """A placement group over the whole cluster: (group, number of bundles, resources of each actor)."""
     import ray
     from ray.util.placement_group import placement_group
@@ -152,12 +158,14 @@ def bandwidth_floor(spec: RunSpec, device: str) -> tuple[float | None, str]:
     return catalogue.link_floor(spec.cluster.accelerator, spec.cluster.num_slices > 1)
 
 
-def _bad(index: int, info: dict[str, Any], rank: int | None, why: str, device: str = "") -> dict[str, Any]:
+def _bad(index: int, info: ProbeInfo, rank: int | None, why: str, device: str = "") -> dict[str, Any]:
     found = {"rank": rank, "host": info.get("host", f"bundle {index}"), "node_ip": info.get("node_ip"), "error": why}
     return found | ({"device": device} if device else {})
 
 
-def _gather(calls, infos, ranks, timeout_s: float) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+def _gather(
+    calls: list[ObjectRef[dict[str, Any]]], infos: list[ProbeInfo], ranks: list[int], timeout_s: float
+) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
     """Each call's result (None where it failed), and the failures with their ranks and hosts."""
     import ray
 
@@ -176,7 +184,9 @@ def _gather(calls, infos, ranks, timeout_s: float) -> tuple[list[dict[str, Any] 
     return results, bad
 
 
-def slow_links(results, infos, ranks, floor: float, source: str) -> list[dict[str, Any]]:
+def slow_links(
+    results: list[dict[str, Any] | None], infos: list[ProbeInfo], ranks: list[int], floor: float, source: str
+) -> list[dict[str, Any]]:
     """The hosts whose sends ran below the floor, from the links the ranks timed (``slice_probe._links``): a link
     slow one way only is its sender's; slow both ways, both hosts'. Without timed links (the JAX check), every rank's
     all-reduce below the floor, unlocated."""

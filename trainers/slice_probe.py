@@ -12,11 +12,16 @@ import os
 import socket
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, SupportsFloat, TypedDict
 
 import ray
 
 from trainers.mesh import host_label, slice_here
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 HIDDEN = 64  # the block's width: Linear 64 -> 256 -> 64
 BATCH = 8
@@ -34,7 +39,7 @@ def transfer(device: str) -> tuple[int, int]:
     return (32 * 2**20, 1) if device == "cpu" else (512 * 2**20, 8)
 
 
-def corrupted(w1):
+def corrupted(w1: NDArray[np.float32]) -> NDArray[np.float32]:
     """The testing aid's bad device (``cluster.slice_check_corrupt_rank``): its copy of w1 is off by 5%, as a chip
     whose memory or matrix unit is wrong; everything it computes after uses it."""
     return w1 * 1.05
@@ -55,7 +60,7 @@ def throttle_s(floor: float | None, nbytes: int) -> float:
     return 1.25 * nbytes / (floor * 1e9) if floor else 1.0
 
 
-def _block(seed: int = 0):
+def _block(seed: int = 0) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
     """The feed-forward block's weights and input, the same on every rank (NumPy, float32)."""
     import numpy as np
 
@@ -66,8 +71,9 @@ def _block(seed: int = 0):
     return x, w1, w2
 
 
-def reference(x, w1, w2):
-    """x + SiLU(x w1) w2 on the host, in float32."""
+def reference(x: NDArray[np.float32], w1: NDArray[np.float32], w2: NDArray[np.float32]) -> NDArray[np.floating[Any]]:
+    """x + SiLU(x w1) w2 on the host, in float32 (typed as any float: NumPy's stubs make float64 of a float32 array's
+    sum with a Python float)."""
     import numpy as np
 
     h = x @ w1
@@ -90,13 +96,25 @@ def rank_env(rank: int, world: int, local_rank: int, local_world: int, master: s
     return {name: str(value) for name, value in zip(RANK_ENV, values, strict=True)}
 
 
+class ProbeInfo(TypedDict):
+    """Where an actor of the check runs (:meth:`Probe.describe`)."""
+
+    node_id: str
+    node_ip: str
+    host: str  # its host label, else its TPU worker's hostname, else the machine's name
+    slice: str  # trainers.mesh.slice_name
+    worker_id: str | None  # TPU_WORKER_ID, where the host has one
+    worker_hostnames: list[str]  # TPU_WORKER_HOSTNAMES
+    accelerator_ids: list[str]  # the TPU chips Ray gave the actor
+
+
 class Probe:
     """One actor of the check: a device (torch) or a host (jax). Its methods are marked ``ray.method`` (which leaves
     them as they are) so that the ``.remote`` calls of a handle are typed:
     https://docs.ray.io/en/latest/ray-core/type-hint.html."""
 
     @ray.method
-    def describe(self, hosts_per_slice: int) -> dict[str, Any]:
+    def describe(self, hosts_per_slice: int) -> ProbeInfo:
         """Where this actor runs; its slice by the trainer's rule (``trainers.mesh.slice_name``)."""
         rc = ray.get_runtime_context()
         hostnames = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
@@ -104,7 +122,7 @@ class Probe:
         host = host_label() or (hostnames[int(worker_id)] if hostnames and worker_id else "") or socket.gethostname()
         return {
             "node_id": rc.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
+            "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]  # Ray 2.60: unannotated
             "host": host,
             "slice": slice_here(hosts_per_slice),
             "worker_id": worker_id,
@@ -116,7 +134,8 @@ class Probe:
     def free_port(self) -> int:
         with socket.socket() as s:
             s.bind(("", 0))
-            return s.getsockname()[1]
+            port: int = s.getsockname()[1]  # (host, port) for an IPv4 socket
+            return port
 
     # ------------------------------------------------------------ torch: one actor per device
 
@@ -172,7 +191,7 @@ class Probe:
             nbytes, repeats = transfer(device_type)
             buf = torch.ones(nbytes // 4, device=device_type)
 
-            def sample():  # ``repeats`` all-reduces queued on the device, one sync after the last
+            def sample() -> None:  # ``repeats`` all-reduces queued on the device, one sync after the last
                 for _ in range(repeats):
                     dist.all_reduce(buf)
                 buf[:1].cpu()
@@ -298,17 +317,24 @@ class Probe:
         }
 
 
-def _compared(device: str, diff, close) -> dict[str, Any]:
+def _compared(device: str, diff: SupportsFloat, close: object) -> dict[str, Any]:
     return {"device": device, "max_abs_diff": float(diff), "ok": bool(close)}
 
 
-def _repeated(step, value, times: int):
+def _repeated(step: Callable[[Any], Any], value: Any, times: int) -> Any:
     for _ in range(times):
         value = step(value)
     return value
 
 
-def _timed(sample, repeats: int, slow: bool, floor, nbytes: int, barrier=None) -> float:
+def _timed(
+    sample: Callable[[], object],
+    repeats: int,
+    slow: bool,
+    floor: float | None,
+    nbytes: int,
+    barrier: Callable[[], object] | None = None,
+) -> float:
     """The seconds of one all-reduce: the median of ``TIMED`` calls of ``sample`` (``repeats`` all-reduces of
     ``nbytes``) after an untimed one, over ``repeats``; ``slow``: each all-reduce held by :func:`throttle_s` (the
     testing aid's slow host)."""
@@ -325,7 +351,7 @@ def _timed(sample, repeats: int, slow: bool, floor, nbytes: int, barrier=None) -
     return statistics.median(times)
 
 
-def _links(dist, buf, rank: int, world: int, slow: bool, floor) -> list[dict[str, Any]]:
+def _links(dist: Any, buf: Any, rank: int, world: int, slow: bool, floor: float | None) -> list[dict[str, Any]]:
     """Rank 0 and each other rank in turn send each other ``buf``, one pair at a time; each direction is timed by its
     receiver: the links this rank received on, with their GB/s."""
     links = []
@@ -345,11 +371,11 @@ def _links(dist, buf, rank: int, world: int, slow: bool, floor) -> list[dict[str
     return links
 
 
-def _FeedForward(w1, w2):  # a module class, built where torch is imported
+def _FeedForward(w1: Any, w2: Any) -> Any:  # a module class, built where torch is imported
     import torch
 
-    class FeedForward(torch.nn.Module):
-        def __init__(self):
+    class FeedForward(torch.nn.Module):  # type: ignore[misc]  # a torch class: Any here (no type information)
+        def __init__(self) -> None:
             super().__init__()
             self.w1 = torch.nn.Linear(w1.shape[0], w1.shape[1], bias=False)
             self.w2 = torch.nn.Linear(w2.shape[0], w2.shape[1], bias=False)
@@ -357,7 +383,7 @@ def _FeedForward(w1, w2):  # a module class, built where torch is imported
                 self.w1.weight.copy_(w1.T)
                 self.w2.weight.copy_(w2.T)
 
-        def forward(self, x):
+        def forward(self, x: Any) -> Any:
             return x + self.w2(torch.nn.functional.silu(self.w1(x)))
 
     return FeedForward()
