@@ -281,11 +281,14 @@ def answer_models(
     ``base_output_directory``/``run_name``), in the shape ``decode`` gives (:func:`answer`). Every model's answers
     first, on every rank (the engine's calls are collectives); then rank 0 scores and writes them
     (``trainers.generation.record``) under ``base_output_directory``/eval, keyed as the FSDP trainer's
-    (``generation.generation_key`` of MaxText's evaluation key, ``maxtext_log.eval_key``), each with the seconds of
-    its own answering and scoring; what it recorded is returned there (nothing on the other ranks)."""
+    (``generation.generation_key`` of MaxText's evaluation key, ``maxtext_log.eval_key``). Rank 0 emits each model's
+    answering as an ``answered`` event when it ends and its scoring as the ``answers`` event's seconds, each at its own
+    time, as the FSDP trainer does (the goodput ledger's evaluation, ``components/stages/goodput.py``); what it
+    recorded is returned there (nothing on the other ranks)."""
     import jax
     import transformers
 
+    from components.spec import protocol
     from trainers import committed, data, generation, maxtext_log
 
     arg = maxtext_log.arg
@@ -296,7 +299,7 @@ def answer_models(
     longest = int(arg(argv, "max_target_length") or 0)
     prompts = data.prompt_ids(tokenizer, [data.prompt_of(e) for e in examples])
     ids = [cut(row, longest, tokenizer.bos_token_id) if longest else row for row in prompts]
-    made: list[tuple[str, list[list[int]], float]] = []
+    made: list[tuple[str, list[list[int]]]] = []
     for which, params in models:
         started = time.perf_counter()
         source: Any = params
@@ -309,13 +312,16 @@ def answer_models(
             source = str(newest / "items")
         tokens = answer(spec, argv, source, ids, tokenizer.pad_token_id, decode)
         del source  # training's initial parameters, made here: gone before the next model or training
-        made.append((which, tokens, time.perf_counter() - started))
+        made.append((which, tokens))
+        if rank == 0:  # the answering's seconds, at its own time: the job's evaluation in the goodput ledger
+            seconds = time.perf_counter() - started
+            protocol.emit("event", {"event": "answered", "which": which, "seconds": seconds, "time": time.time()})
     if rank != 0:
         return []
     found = []
-    for which, tokens, seconds in made:
+    for which, tokens in made:
+        started = time.perf_counter()  # the answers event's seconds: the scoring's (the answering's were emitted)
         answers = [generation.decode(tokenizer, row) for row in tokens]
         directory = output_dir / generation.ANSWERS_DIR
-        # its seconds: its own answering, and its scoring (record counts from ``started`` to its end)
-        found.append(generation.record(spec, examples, answers, which, directory, key, time.perf_counter() - seconds))
+        found.append(generation.record(spec, examples, answers, which, directory, key, started))
     return found

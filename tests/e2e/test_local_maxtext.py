@@ -166,6 +166,9 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     # summary prints each task metric before and after.
     answered = {p["which"]: p for k, p in records(run_dir) if k == "event" and p["event"] == "answers"}
     assert set(answered) == {"before", "after"} and {a["num_examples"] for a in answered.values()} == {64}
+    # each model's answering its own event at its own time, its scoring the answers event's (the goodput ledger's)
+    made = {p["which"]: p for k, p in records(run_dir) if k == "event" and p["event"] == "answered"}
+    assert set(made) == {"before", "after"} and all(made[w]["time"] <= answered[w]["time"] for w in made)
     task = summary["task"]
     assert task["num_examples"] == 64 and task["against"] == "before training"
     rows = [json.loads(line) for line in (run_dir / "eval" / "answers.jsonl").read_text().splitlines()]
