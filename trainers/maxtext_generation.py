@@ -168,9 +168,9 @@ def _register_result_tokens() -> None:
 
 
 def prefill_of(prompt_ids: list[list[int]], decode: dict[str, Any]) -> int:
-    """The prefill the job pads its prompts to: the bucket of the longest (``components.workload.maxtext``,
-    ``prefill_length``), at most ``decode``'s largest."""
-    from components.workload.maxtext import prefill_length
+    """The prefill the job pads its prompts to: the bucket of the longest (``components.tpu.shapes``,
+    ``prefill_length``, as the plan counts), at most ``decode``'s largest."""
+    from components.tpu.shapes import prefill_length
 
     longest = max(len(ids) for ids in prompt_ids)
     prefill = prefill_length(longest)

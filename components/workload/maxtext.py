@@ -18,6 +18,7 @@ from typing import Any
 
 from components.spec import GENERATED_DATASET, RunSpec, SpecError, datasets
 from components.tpu import catalogue
+from components.tpu.shapes import prefill_length
 
 # Model configs MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that tpupipe presets use or that
 # users ask for most; any other shipped name can be added here.
@@ -321,16 +322,6 @@ def checkpoint_period(spec: RunSpec) -> int:
 
 
 # --- Answers to the evaluation prompts (trainers.maxtext_generation): MaxText's decode slots and KV cache ---------
-
-MIN_PREFILL = 64  # the smallest prefill bucket (base.yml, inference_microbenchmark_prefill_lengths)
-
-
-def prefill_length(longest: int) -> int:
-    """The prefill bucket of a prompt of ``longest`` tokens: the smallest power of two >= :data:`MIN_PREFILL`."""
-    length = MIN_PREFILL
-    while length < longest:
-        length *= 2
-    return length
 
 
 def decode_prefill(spec: RunSpec) -> int:

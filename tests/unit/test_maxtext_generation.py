@@ -23,6 +23,7 @@ import subprocess
 import pytest
 
 from components.spec import SpecError
+from components.tpu import shapes
 from components.workload import maxtext, resolve
 from trainers import maxtext_generation
 
@@ -287,7 +288,7 @@ def test_a_failure_while_answering_after_training_is_retried_without_training_ag
 
 
 def test_prefill_length_is_a_power_of_two_bucket_of_at_least_64():
-    assert [maxtext.prefill_length(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 256]
+    assert [shapes.prefill_length(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, 256]
 
 
 def test_decode_args_replace_the_lengths_slots_checkpoint_and_run_name_of_the_training_arguments():
