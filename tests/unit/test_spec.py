@@ -62,11 +62,11 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("local-fsdp", "gke.node_service_account=nodes@example.com", "gke.node_service_account"),
         ("local-fsdp", "cluster.ready_timeout_s=-1", "cluster.ready_timeout_s"),
         ("local-fsdp", "cluster.ready_timeout_s=nan", "cluster.ready_timeout_s"),
-        ("local-fsdp", "cluster.host_replace_delay_s=-5", "cluster.host_replace_delay_s"),
+        ("local-fsdp", "testing.host_replace_delay_s=-5", "testing.host_replace_delay_s"),
         ("local-fsdp", "checkpoint_every_steps=-1", "train.checkpoint_every_steps"),
-        ("smoke", "cluster.host_replace_delay_s=60", "cluster.host_replace_delay_s"),  # emulated hosts only
-        ("local-fsdp", "cluster.drain_host_at_step=-1", "cluster.drain_host_at_step"),
-        ("smoke", "cluster.drain_host_at_step=5", "cluster.drain_host_at_step"),  # emulated hosts only
+        ("smoke", "testing.host_replace_delay_s=60", "testing.host_replace_delay_s"),  # emulated hosts only
+        ("local-fsdp", "testing.drain_host_at_step=-1", "testing.drain_host_at_step"),
+        ("smoke", "testing.drain_host_at_step=5", "testing.drain_host_at_step"),  # emulated hosts only
         ("local-fsdp", "cluster.preemption_notice_s=0", "cluster.preemption_notice_s"),
         ("local-fsdp", "cluster.preemption_notice_s=121", "cluster.preemption_notice_s"),
         ("gemma4-e2b-v6e-16", "cluster.preemption_notice_s=30", "cluster.preemption_notice_s"),
