@@ -67,6 +67,15 @@ def test_parse_overrides_accepts_leaf_names_and_lists():
         ("smoke", "testing.host_replace_delay_s=60", "testing.host_replace_delay_s"),  # emulated hosts only
         ("local-fsdp", "testing.drain_host_at_step=-1", "testing.drain_host_at_step"),
         ("smoke", "testing.drain_host_at_step=5", "testing.drain_host_at_step"),  # emulated hosts only
+        ("local-fsdp", "testing.host_start_delay_s=-1", "testing.host_start_delay_s"),
+        ("smoke", "testing.host_start_delay_s=5", "testing.host_start_delay_s"),  # emulated hosts only
+        ("local-fsdp", "testing.host_replace_delay_s=nan", "testing.host_replace_delay_s"),
+        ("local-fsdp", "testing.slice_check_corrupt_rank=-2", "testing.slice_check_corrupt_rank"),
+        ("local-fsdp", "testing.slice_check_slow_rank=-2", "testing.slice_check_slow_rank"),
+        ("local-fsdp", "testing.fail_at_step=-1", "testing.fail_at_step"),
+        ("local-fsdp", "fail_at_step=-1", "testing.fail_at_step"),  # by its name alone
+        ("local-fsdp", "testing.fail_eval=maybe", "testing.fail_eval"),
+        ("local-fsdp", "train.fail_at_step=1", "train.fail_at_step"),  # its former key
         ("local-fsdp", "cluster.preemption_notice_s=0", "cluster.preemption_notice_s"),
         ("local-fsdp", "cluster.preemption_notice_s=121", "cluster.preemption_notice_s"),
         ("gemma4-e2b-v6e-16", "cluster.preemption_notice_s=30", "cluster.preemption_notice_s"),

@@ -1,6 +1,7 @@
-"""The run spec's test aids, its ``testing`` section: one check per key, whose error names ``testing.KEY``; a key set
-by its name alone; a TPU slice keeps the aids it took before the section and refuses the emulated hosts' ones; a
-former key refused in an override naming its key now, and read in its place now from a spec recorded before."""
+"""The run spec's test aids, its ``testing`` section: one check per key, whose error names ``testing.KEY`` (a bad
+value of each: tests/unit/test_spec.py, test_bad_input_names_the_field); a key set by its name alone; a TPU slice
+keeps the aids it took before the section and refuses the emulated hosts' ones; a former key refused in an override
+naming its key now, and read in its place now from a spec recorded before."""
 
 from __future__ import annotations
 
@@ -37,27 +38,6 @@ def test_a_test_aid_is_set_by_its_key_or_by_its_name_alone(name):
     by_key = resolve("local-fsdp", f"testing.{name}={SET[name]}")
     assert by_key == resolve("local-fsdp", f"{name}={SET[name]}")
     assert getattr(by_key.testing, name) != getattr(TestingSpec(), name)
-
-
-@pytest.mark.parametrize(
-    "preset, override",
-    [
-        ("local-fsdp", "testing.slice_check_corrupt_rank=-2"),
-        ("local-fsdp", "testing.slice_check_slow_rank=-2"),
-        ("local-fsdp", "testing.host_start_delay_s=-1"),
-        ("local-fsdp", "testing.host_replace_delay_s=nan"),
-        ("smoke", "testing.host_start_delay_s=5"),  # emulated hosts only
-        ("smoke", "testing.host_replace_delay_s=5"),
-        ("local-fsdp", "testing.drain_host_at_step=-1"),
-        ("smoke", "testing.drain_host_at_step=5"),
-        ("local-fsdp", "testing.fail_at_step=-1"),
-        ("local-fsdp", "testing.fail_eval=maybe"),
-    ],
-)
-def test_a_bad_test_aid_is_refused_naming_its_key(preset, override):
-    with pytest.raises(SpecError) as err:
-        resolve(preset, override)
-    assert err.value.field == override.partition("=")[0]
 
 
 def test_each_check_holds_a_spec_built_in_code_too():
