@@ -4,7 +4,7 @@
 Each drain is a Spot-like notice to the last emulated host (``components.platforms.local.keeper.preempt``: Ray's
 DrainNode with reason PREEMPTION and a deadline ``cluster.preemption_notice_s`` away), and the host killed just after
 the deadline (``keeper.lose_host``); the keeper replaces it. The first is the spec's
-``cluster.drain_host_at_step`` (the keeper's own, which also turns Ray Train's preemption watcher on); the bench gives
+``testing.drain_host_at_step`` (the keeper's own, which also turns Ray Train's preemption watcher on); the bench gives
 each next one once the restarted worker group has trained ``GAP`` steps. From the trainer's records in the run's
 ``logs/train.log``, per drain: whether a just-in-time checkpoint was committed (the ``preemption_checkpoint`` event,
 emitted once Ray Train's report of the save returned, and the next worker group restoring that step), and the steps
@@ -32,7 +32,7 @@ from components.spec import protocol
 ISSUE_DRAINS = 20  # the drains the figure must count to hold: fewer run (TPUPIPE_BENCH_DRAINS) never holds
 DRAINS = int(os.environ.get("TPUPIPE_BENCH_DRAINS", str(ISSUE_DRAINS)))
 NOTICE_S = 10  # cluster.preemption_notice_s
-FIRST = 20  # the first drain's step (cluster.drain_host_at_step)
+FIRST = 20  # the first drain's step (testing.drain_host_at_step)
 GAP = 8  # steps a restarted group trains before the next notice
 STEPS_PER_DRAIN = 40  # the run's length per drain: GAP, up to 10 to the poll that sees the notice, and a margin
 STEPS_PER_EPOCH = 16  # local-fsdp's: 512 examples over 2 workers, 16 a batch
@@ -42,7 +42,7 @@ RUN_TIMEOUT_S = 600 + 240 * DRAINS
 def sets(drains: int) -> str:
     epochs = math.ceil((FIRST + STEPS_PER_DRAIN * (drains + 1)) / STEPS_PER_EPOCH)
     return (
-        f"cluster.slice_check=false cluster.drain_host_at_step={FIRST} cluster.preemption_notice_s={NOTICE_S} "
+        f"cluster.slice_check=false testing.drain_host_at_step={FIRST} cluster.preemption_notice_s={NOTICE_S} "
         f"epochs={epochs} gate.register=false"
     )
 
@@ -85,7 +85,7 @@ def _first_notice(proc, run_dir: Path, deadline: float) -> float:
     while time.monotonic() < deadline and proc.poll() is None:
         log = run_dir / "logs" / "keeper.out"
         for line in log.read_text().splitlines() if log.is_file() else []:
-            if "(cluster.drain_host_at_step)" in line:
+            if "(testing.drain_host_at_step)" in line:
                 return float(line.rsplit(" at ", 1)[1])
         time.sleep(0.2)
     raise SystemExit("the keeper gave no notice")

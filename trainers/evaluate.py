@@ -65,8 +65,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> None:
     t = spec.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if t.fail_eval:
-        raise InjectedFailure(f"injected failure in evaluation on rank {rank} (train.fail_eval)")
+    if spec.testing.fail_eval:
+        raise InjectedFailure(f"injected failure in evaluation on rank {rank} (testing.fail_eval)")
     device_type, _ = detect_backend()
     device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.mesh.dtypes)

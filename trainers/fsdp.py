@@ -27,7 +27,7 @@ from trainers.devices import detect_backend, probe_backend, worker_runtime_env
 
 
 class InjectedFailure(RuntimeError):
-    """Raised by ``train.fail_at_step`` (training) and ``train.fail_eval`` (evaluation): a deliberate failure, for
+    """Raised by ``testing.fail_at_step`` (training) and ``testing.fail_eval`` (evaluation): a deliberate failure, for
     tests of the failure path."""
 
 
@@ -212,7 +212,7 @@ def _run_epoch(
     import ray.train
     import torch
 
-    fail_at = spec.train.fail_at_step
+    fail_at = spec.testing.fail_at_step
     timed = ray.train.get_context().get_world_rank() == 0
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     first_step, step_losses, ran = at.global_step + 1, [], 0
@@ -235,7 +235,7 @@ def _run_epoch(
             if not last:  # the epoch's last: once its loss is read (the progress bar shows it)
                 step_ended(at.global_step)
         if fail_at and at.global_step == fail_at and not resumed:
-            raise InjectedFailure(f"injected failure at step {at.global_step} (train.fail_at_step)")
+            raise InjectedFailure(f"injected failure at step {at.global_step} (testing.fail_at_step)")
         saves.after_step(at, last)
     if step_losses:  # rank 0's loss of each step, read from the device once per epoch
         losses = torch.stack(step_losses).cpu().tolist()

@@ -115,7 +115,7 @@ class InJob:
     trained, each measured where it is. Rank 0 prints an ``eval`` event per figure (its seconds are evaluation in
     the goodput ledger); the trained model's figure also goes into the last epoch's metrics, which Ray Train keeps
     with that epoch's checkpoint, so the figure reaches the driver bound to the checkpoint it was measured on.
-    ``train.fail_eval`` leaves the measuring to the evaluation job, whose failure path it tests."""
+    ``testing.fail_eval`` leaves the measuring to the evaluation job, whose failure path it tests."""
 
     def __init__(
         self,
@@ -127,7 +127,7 @@ class InJob:
         device_type: str,  # the kind of device the figures are measured on: part of their key (eval_key)
         device: Any,  # the torch.device the model is on
     ) -> None:
-        self.on = not spec.train.fail_eval
+        self.on = not spec.testing.fail_eval
         self.starts_from_model_id = not config.get("init_from")
         self.rank, self.device = rank, device
         self.split = Split(spec, config, tokenizer, rank, world, device_type) if self.on else None

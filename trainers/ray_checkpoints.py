@@ -176,7 +176,7 @@ class Checkpointer:
         "Termination and graceful shutdown of Spot VMs"), and Ray 2.60's ``ray start`` turns that SIGTERM into a drain
         of its node with reason PREEMPTION and a deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S away
         (``Node._drain_node_before_shutdown``, https://github.com/ray-project/ray/blob/ray-2.60.0/python/ray/
-        _private/node.py): the drain this poll sees (locally, ``cluster.drain_host_at_step`` gives that notice). A
+        _private/node.py): the drain this poll sees (locally, ``testing.drain_host_at_step`` gives that notice). A
         host lost without notice resumes from the newest committed checkpoint instead, and repeats the steps since:
         up to ``train.checkpoint_every_steps`` when the newest save was committed, up to twice that when the host was
         lost while that save was still being written (its previous one is then the newest committed), and, with

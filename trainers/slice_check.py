@@ -253,7 +253,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
     local_calls = []
     slices = [info["slice"] for info in infos]
     for i, actor in enumerate(actors):
-        corrupt = ranks[i] == c.slice_check_corrupt_rank
+        corrupt = ranks[i] == spec.testing.slice_check_corrupt_rank
         local_rank = ranks[i] % devices_per_host if per_device else 0
         megascale = multislice_env(slices, i, master, local_rank, per_device) if scaling.get("use_tpu") else {}
         if per_device:
@@ -283,7 +283,7 @@ def run(kind: str, spec: RunSpec, scaling: dict[str, Any], devices_per_host: int
     if all(local):  # every rank answered: the collectives (a bad device's figures there are not judged: see above)
         calls = []
         for i, actor in enumerate(actors):
-            slow = ranks[i] == c.slice_check_slow_rank
+            slow = ranks[i] == spec.testing.slice_check_slow_rank
             if per_device:
                 calls.append(actor.collectives_torch.remote(slow, floor))
             else:

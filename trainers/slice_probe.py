@@ -40,7 +40,7 @@ def transfer(device: str) -> tuple[int, int]:
 
 
 def corrupted(w1: NDArray[np.float32]) -> NDArray[np.float32]:
-    """The testing aid's bad device (``cluster.slice_check_corrupt_rank``): its copy of w1 is off by 5%, as a chip
+    """The testing aid's bad device (``testing.slice_check_corrupt_rank``): its copy of w1 is off by 5%, as a chip
     whose memory or matrix unit is wrong; everything it computes after uses it."""
     return w1 * 1.05
 
@@ -55,7 +55,7 @@ def bus_gbytes_per_s(nbytes: int, world: int, seconds: float) -> float | None:
 
 
 def throttle_s(floor: float | None, nbytes: int) -> float:
-    """How long the testing aid's slow rank (``cluster.slice_check_slow_rank``) holds each timed transfer of
+    """How long the testing aid's slow rank (``testing.slice_check_slow_rank``) holds each timed transfer of
     ``nbytes``: 1.25 times what they take at the floor, so its link runs below the floor whatever the transfer takes."""
     return 1.25 * nbytes / (floor * 1e9) if floor else 1.0
 

@@ -4,8 +4,10 @@ names, the gate and the run's limits. The checks against the TPU catalogue and M
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from components.spec import datasets, gke_checks, models, names
@@ -55,7 +57,6 @@ def _check_counts(spec: RunSpec) -> None:
     for key, value in {
         "train.num_workers": t.num_workers,
         "train.max_failures": t.max_failures,
-        "train.fail_at_step": t.fail_at_step,
         "train.checkpoint_every_steps": t.checkpoint_every_steps,
         "train.min_workers": t.min_workers,
         "train.max_workers": t.max_workers,
@@ -63,28 +64,6 @@ def _check_counts(spec: RunSpec) -> None:
     }.items():
         if value < 0:
             raise SpecError(key, f"must be 0 or more, got {value}", ["an integer >= 0"])
-    for key, rank in {
-        "cluster.slice_check_corrupt_rank": c.slice_check_corrupt_rank,
-        "cluster.slice_check_slow_rank": c.slice_check_slow_rank,
-    }.items():
-        if rank < -1:
-            raise SpecError(key, f"must be -1 (none) or a rank, got {rank}", ["-1", "an integer >= 0"])
-    for key, delay in {
-        "cluster.host_start_delay_s": c.host_start_delay_s,
-        "cluster.host_replace_delay_s": c.host_replace_delay_s,
-    }.items():
-        if not delay >= 0:
-            raise SpecError(key, f"must be 0 or more seconds, got {delay}")
-        if delay and c.accelerator != "cpu":
-            raise SpecError(key, "delays emulated hosts only: needs cluster.accelerator=cpu", ["0"])
-    if c.drain_host_at_step < 0:
-        raise SpecError(
-            "cluster.drain_host_at_step", f"must be 0 (never) or a step, got {c.drain_host_at_step}", ["0", "a step"]
-        )
-    if c.drain_host_at_step and c.accelerator != "cpu":
-        raise SpecError(
-            "cluster.drain_host_at_step", "drains emulated hosts only: needs cluster.accelerator=cpu", ["0"]
-        )
     # On GKE a Spot VM's pods get 15 s of its notice (https://cloud.google.com/kubernetes-engine/docs/concepts/
     # spot-vms, "Termination and graceful shutdown of Spot VMs"); more needs a node pool setting and a GKE version
     # the run neither sets nor checks, and a drain deadline past the kill would have Ray record the node's death as
@@ -110,6 +89,60 @@ def _check_counts(spec: RunSpec) -> None:
     }.items():
         if not amount > 0:
             raise SpecError(key, f"must be positive, got {amount}")
+
+
+def _a_rank_or_none(key: str, rank: object, spec: RunSpec) -> None:
+    """A slice check's rank, or -1 (none); that it is one of the check's ranks needs the hardware
+    (``components.workload.checks.check_testing_ranks``)."""
+    if not isinstance(rank, int) or rank < -1:
+        raise SpecError(key, f"must be -1 (none) or a rank, got {rank}", ["-1", "an integer >= 0"])
+
+
+def _emulated_hosts_delay(key: str, delay: object, spec: RunSpec) -> None:
+    """Seconds, 0 or more; only emulated hosts are delayed."""
+    if not isinstance(delay, (int, float)) or not delay >= 0:
+        raise SpecError(key, f"must be 0 or more seconds, got {delay}")
+    if delay and spec.cluster.accelerator != "cpu":
+        raise SpecError(key, "delays emulated hosts only: needs cluster.accelerator=cpu", ["0"])
+
+
+def _emulated_hosts_drain(key: str, step: object, spec: RunSpec) -> None:
+    """A global step, or 0 (never); only an emulated host is drained."""
+    if not isinstance(step, int) or step < 0:
+        raise SpecError(key, f"must be 0 (never) or a step, got {step}", ["0", "a step"])
+    if step and spec.cluster.accelerator != "cpu":
+        raise SpecError(key, "drains emulated hosts only: needs cluster.accelerator=cpu", ["0"])
+
+
+def _a_step_or_never(key: str, step: object, spec: RunSpec) -> None:
+    """A global step, or 0 (never)."""
+    if not isinstance(step, int) or step < 0:
+        raise SpecError(key, f"must be 0 or more, got {step}", ["an integer >= 0"])
+
+
+def _a_switch(key: str, value: object, spec: RunSpec) -> None:
+    """True or false."""
+    if not isinstance(value, bool):
+        raise SpecError(key, f"must be true or false, got {value!r}", ["true", "false"])
+
+
+# One check per test aid (``testing``; tests/unit/test_spec.py holds them to the section's fields): each is given the
+# key it names, the value and the spec.
+TESTING_CHECKS: dict[str, Callable[[str, object, RunSpec], None]] = {
+    "slice_check_corrupt_rank": _a_rank_or_none,
+    "slice_check_slow_rank": _a_rank_or_none,
+    "host_start_delay_s": _emulated_hosts_delay,
+    "host_replace_delay_s": _emulated_hosts_delay,
+    "drain_host_at_step": _emulated_hosts_drain,
+    "fail_at_step": _a_step_or_never,
+    "fail_eval": _a_switch,
+}
+
+
+def _check_testing(spec: RunSpec) -> None:
+    """The test aids, each by its own check."""
+    for f in dataclasses.fields(spec.testing):
+        TESTING_CHECKS[f.name](f"testing.{f.name}", getattr(spec.testing, f.name), spec)
 
 
 def _check_training(spec: RunSpec) -> None:
@@ -455,6 +488,7 @@ def validate(spec: RunSpec) -> None:
     """The spec's own checks (no hardware knowledge): raises SpecError naming the first bad field. The checks
     against the TPU catalogue and MaxText's rules run in ``components.workload.resolve``."""
     _check_counts(spec)
+    _check_testing(spec)
     _check_training(spec)
     gke_checks.check_gke_fields(spec)
     _check_gate(spec)

@@ -15,6 +15,19 @@ from components.spec.checks import validate
 from components.spec.errors import SpecError
 from components.spec.run_spec import SECTIONS, RunSpec
 
+# The test aids' keys before the ``testing`` section held them: a spec recorded then (an earlier run's ledger, which
+# ``tpupipe teardown`` and the janitor read back) is read with them in ``testing``; an override naming one is refused,
+# naming the key it is now.
+MOVED: dict[str, str] = {
+    "cluster.slice_check_corrupt_rank": "testing.slice_check_corrupt_rank",
+    "cluster.slice_check_slow_rank": "testing.slice_check_slow_rank",
+    "cluster.host_start_delay_s": "testing.host_start_delay_s",
+    "cluster.host_replace_delay_s": "testing.host_replace_delay_s",
+    "cluster.drain_host_at_step": "testing.drain_host_at_step",
+    "train.fail_at_step": "testing.fail_at_step",
+    "train.fail_eval": "testing.fail_eval",
+}
+
 
 def _field_types(cls: type) -> dict[str, type]:
     hints = typing.get_type_hints(cls)
@@ -34,6 +47,8 @@ def _canonical_key(key: str) -> str:
     keys = all_keys()
     if key in keys:
         return key
+    if key in MOVED:
+        raise SpecError(key, f"is {MOVED[key]} now (the test aids' section)", [MOVED[key]])
     matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
     if len(matches) == 1:
         return matches[0]
@@ -85,10 +100,29 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     raise SpecError(key, f"expected {typ.__name__}, got {value!r}")
 
 
+def _recorded_before(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the keys an earlier layout recorded (``MOVED``) in their sections now (a copy, when any)."""
+    out = data
+    for old, new in MOVED.items():
+        (section, leaf), (now, now_leaf) = old.split("."), new.split(".")
+        raw = out.get(section)
+        if not (isinstance(raw, dict) and leaf in raw):
+            continue
+        if out is data:
+            out = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
+        value = out[section].pop(leaf)
+        target = out.setdefault(now, {})
+        if isinstance(target, dict):  # else the section's own check refuses it
+            target.setdefault(now_leaf, value)
+    return out
+
+
 def from_dict(data: dict[str, Any]) -> RunSpec:
-    """Build a validated spec from a nested dict (the JSON form). Unknown keys are errors."""
+    """Build a validated spec from a nested dict (the JSON form). Unknown keys are errors; a key an earlier layout
+    recorded elsewhere (``MOVED``) is read where it is now."""
     if not isinstance(data, dict):
         raise SpecError("spec", f"expected an object, got {type(data).__name__}")
+    data = _recorded_before(data)
     unknown = sorted(set(data) - {"name", *SECTIONS})
     if unknown:
         raise SpecError(unknown[0], "unknown key", ["name", *SECTIONS])

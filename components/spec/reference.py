@@ -42,6 +42,12 @@ FORMS: dict[str, str] = {
     "train.bigquery_results_dataset": (
         '"" (tpupipe_results_LOCATION_HASH) or a BigQuery dataset name: letters, digits and _'
     ),
+    "testing.slice_check_corrupt_rank": "-1 (none), or a rank of the slice check: 0 to its ranks - 1",
+    "testing.slice_check_slow_rank": "-1 (none), or a rank of the slice check: 0 to its ranks - 1",
+    "testing.host_start_delay_s": "seconds, 0 or more; more than 0 needs cluster.accelerator=cpu",
+    "testing.host_replace_delay_s": "seconds, 0 or more; more than 0 needs cluster.accelerator=cpu",
+    "testing.drain_host_at_step": "0 (never) or a global step; a step needs cluster.accelerator=cpu",
+    "testing.fail_at_step": "0 (never) or a global step",
 }
 HEADER = """# Settings
 
@@ -143,7 +149,7 @@ def explain(key: str) -> str:
 
 def markdown() -> str:
     """docs/config.md: one table per section."""
-    docs = {cls: (cls.__doc__ or "").split("\n\n")[0].replace("\n", " ") for cls in SECTIONS.values()}
+    docs = {cls: " ".join((cls.__doc__ or "").split("\n\n")[0].split()) for cls in SECTIONS.values()}
     lines = [HEADER]
     by_section: dict[str, list[Setting]] = {}
     for s in settings():

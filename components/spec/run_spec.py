@@ -77,24 +77,12 @@ class ClusterSpec:
 
     slice_check: bool = True  # off: the check_slice stage skips, and the summary says so
     slice_check_timeout_s: float = 600.0  # how long the check waits for every rank
-    slice_check_corrupt_rank: int = -1  # testing aid: this rank's device computes with corrupted weights (-1: none)
-    slice_check_slow_rank: int = -1  # testing aid: this rank's transfers are held below the bandwidth floor
-    # Testing aid of the emulated (cpu) hosts: each host joins this many seconds after it starts, as a node still
-    # pulling its image does (0: at once).
-    host_start_delay_s: float = 0.0
-    # Testing aid of the emulated (cpu) hosts: the keeper starts a lost host's replacement this many seconds after it
-    # saw the host gone, as a preempted Spot VM's replacement comes minutes later or never (0: at once).
-    host_replace_delay_s: float = 0.0
     # The notice a preempted host gets, from the drain of its Ray node (reason PREEMPTION, which Ray Train's preemption
     # watcher announces to the training) to its kill. On GKE the worker pods' terminationGracePeriodSeconds (Ray
-    # 2.60's `ray start` drains its node on the pod's SIGTERM); locally the keeper's (cluster.drain_host_at_step).
+    # 2.60's `ray start` drains its node on the pod's SIGTERM); locally the keeper's (testing.drain_host_at_step).
     # 15: GKE's default grace of a Spot VM's pods, and the most a slice takes (a longer one needs a node pool setting
     # the run does not make); emulated hosts take up to 120.
     preemption_notice_s: float = 15.0
-    # Testing aid of the emulated (cpu) hosts: once the training's workers have logged this global step, the keeper
-    # drains the last host's Ray node (reason PREEMPTION, cluster.preemption_notice_s to its deadline) and kills the
-    # host just after the deadline, as GKE preempts a Spot VM (0: never).
-    drain_host_at_step: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,8 +143,6 @@ class TrainSpec:
     max_workers: int = 0  # the elastic range's top (see min_workers); 0: not elastic
     num_to_keep: int = 1  # checkpoints kept, the latest (resume points; the final one holds the trained model)
     max_failures: int = 0  # worker-group restarts Ray Train may make
-    fail_at_step: int = 0  # testing aid: raise inside training at this global step (0: never)
-    fail_eval: bool = False  # testing aid: raise inside the (fsdp) evaluation job before it measures anything
     checkpoint_optimizer: bool = True  # the optimizer state in each checkpoint (a resume keeps AdamW's moments)
     checkpoint_every_steps: int = 0  # (fsdp) a sharded checkpoint every N global steps too; 0: once an epoch only
     # (fsdp) how a sharded checkpoint is written: auto (async on the CPU, sync on an accelerator), async (in the
@@ -336,6 +322,38 @@ class MaxTextSpec:
 
 
 @dataclass(frozen=True)
+class TestingSpec:
+    """Test aids: faults and delays a test or a bench injects into a run to exercise a failure or recovery path
+    (docs/testing.md). A real run leaves them at their defaults, which inject nothing; the emulated hosts' aids are
+    refused on a TPU slice. Each has one check (``components.spec.checks.TESTING_CHECKS``)."""
+
+    __test__ = False  # a spec section, not a test class, to pytest (which collects classes named Test*)
+
+    # The slice check's rank whose device computes with corrupted weights (5% off), so the check fails naming that
+    # rank alone, its host and its device (-1: none).
+    slice_check_corrupt_rank: int = -1
+    # The slice check's rank whose timed transfers are held below the bandwidth floor, so the check fails naming its
+    # host by its link (-1: none).
+    slice_check_slow_rank: int = -1
+    # Emulated (cpu) hosts only: each host joins this many seconds after it starts, as a node still pulling its image
+    # does (0: at once).
+    host_start_delay_s: float = 0.0
+    # Emulated (cpu) hosts only: the keeper starts a lost host's replacement this many seconds after it saw the host
+    # gone, as a preempted Spot VM's replacement comes minutes later or never (0: at once).
+    host_replace_delay_s: float = 0.0
+    # Emulated (cpu) hosts only: once the training's workers have logged this global step, the keeper drains the last
+    # host's Ray node (reason PREEMPTION, cluster.preemption_notice_s to its deadline) and kills the host just after
+    # the deadline, as GKE preempts a Spot VM (0: never).
+    drain_host_at_step: int = 0
+    # The (fsdp) trainer raises inside training at this global step, on a fresh start, not after a resume: with
+    # train.max_failures >= 1 Ray Train restarts the workers, which resume from the last checkpoint (0: never).
+    fail_at_step: int = 0
+    # The (fsdp) evaluation job's workers raise before they measure anything, so the run fails at evaluate (the train
+    # job then leaves every figure to that job).
+    fail_eval: bool = False
+
+
+@dataclass(frozen=True)
 class RunSpec:
     name: str = "custom"
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
@@ -345,6 +363,7 @@ class RunSpec:
     eval: EvalSpec = field(default_factory=EvalSpec)
     gate: GateSpec = field(default_factory=GateSpec)
     run: RunLimitsSpec = field(default_factory=RunLimitsSpec)
+    testing: TestingSpec = field(default_factory=TestingSpec)
 
     # ---- derived facts (one place each) ----
     @property
@@ -394,4 +413,5 @@ SECTIONS: dict[str, type] = {
     "eval": EvalSpec,
     "gate": GateSpec,
     "run": RunLimitsSpec,
+    "testing": TestingSpec,
 }

@@ -30,7 +30,7 @@ def check(spec: RunSpec) -> None:
     check_workers(spec)
     check_gke_network(spec)
     check_gke_versions(spec)
-    check_corrupt_rank(spec)
+    check_testing_ranks(spec)
     if spec.train.workload == "maxtext":
         maxtext.validate(spec)
 
@@ -223,12 +223,12 @@ def check_workers(spec: RunSpec) -> None:
         )
 
 
-def check_corrupt_rank(spec: RunSpec) -> None:
-    """The slice check's testing aids name one of its ranks."""
+def check_testing_ranks(spec: RunSpec) -> None:
+    """The slice check's test aids name one of its ranks."""
     ranks = derive.check_ranks(spec)
     for key, rank in {
-        "cluster.slice_check_corrupt_rank": spec.cluster.slice_check_corrupt_rank,
-        "cluster.slice_check_slow_rank": spec.cluster.slice_check_slow_rank,
+        "testing.slice_check_corrupt_rank": spec.testing.slice_check_corrupt_rank,
+        "testing.slice_check_slow_rank": spec.testing.slice_check_slow_rank,
     }.items():
         if rank >= ranks:
             valid = ["-1", f"0 to {ranks - 1}"]

@@ -1,4 +1,4 @@
-"""A preemption with notice during local FSDP training (``cluster.drain_host_at_step``): the keeper sends the last
+"""A preemption with notice during local FSDP training (``testing.drain_host_at_step``): the keeper sends the last
 emulated host a SIGTERM once the workers have logged the step, Ray's ``ray start`` drains its node (reason
 PREEMPTION, a deadline ``cluster.preemption_notice_s`` away), Ray Train's watcher announces it, and the trainer
 saves at once, waits for the save to be committed and trains no further; the host is killed at the deadline, the
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 DRAIN_STEP = 20
 SETS = (
-    f"cluster.slice_check=false cluster.drain_host_at_step={DRAIN_STEP} cluster.preemption_notice_s=20 "
+    f"cluster.slice_check=false testing.drain_host_at_step={DRAIN_STEP} cluster.preemption_notice_s=20 "
     "epochs=6 batch_size=16 train.num_to_keep=10 gate.register=false"
 )
 
@@ -44,7 +44,7 @@ def test_a_drain_with_notice_commits_a_just_in_time_checkpoint_and_the_resumed_r
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
     keeper = (run_dir / "logs" / "keeper.out").read_text()
-    assert f"preempted at step {DRAIN_STEP} (cluster.drain_host_at_step)" in keeper, keeper
+    assert f"preempted at step {DRAIN_STEP} (testing.drain_host_at_step)" in keeper, keeper
 
     events = [p for kind, p in _records((run_dir / "logs" / "train.log").read_text()) if kind == "event"]
     saves = [e for e in events if e["event"] == "preemption_checkpoint"]

@@ -41,7 +41,7 @@ LONG_TRAIN = "train.epochs=20"
 GONE_S = 10  # the deadline: after the run ends, nothing of it is left within this
 
 
-LATE_HOSTS = "cluster.host_start_delay_s=120"
+LATE_HOSTS = "testing.host_start_delay_s=120"
 
 
 def _run_command(root, run_id: str, *sets: str) -> list[str]:

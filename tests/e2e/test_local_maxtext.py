@@ -22,7 +22,7 @@ MAX_LOST_STEPS = 10  # the preset's maxtext.max_lost_steps
 # what a group's devices leave. The lost host's replacement comes only after the run (the keeper waits 900 s, as a
 # preempted Spot VM's may never come), so Ray Train starts the next group on the one host left.
 ELASTIC = (
-    "cluster.num_slices=2 cluster.num_hosts=1 cluster.host_replace_delay_s=900 train.min_workers=1 "
+    "cluster.num_slices=2 cluster.num_hosts=1 testing.host_replace_delay_s=900 train.min_workers=1 "
     "train.max_workers=2 maxtext.ici_fsdp_parallelism=-1"
 )
 

@@ -17,7 +17,7 @@ def test_a_bad_device_and_a_slow_host_fail_the_run_at_the_slice_check_each_named
     """Rank 1's device computes with corrupted weights; rank 0's host holds its transfers below the floor. The
     device is named by itself (its own block, computed before any collective), the slow host by its link."""
     run_id = unique_run_id("e2e-badrank")
-    proc = tpupipe_run(tmp_path, run_id, "cluster.slice_check_corrupt_rank=1 cluster.slice_check_slow_rank=0")
+    proc = tpupipe_run(tmp_path, run_id, "testing.slice_check_corrupt_rank=1 testing.slice_check_slow_rank=0")
     assert proc.returncode == 1, proc.stdout[-4000:]
     summary = json.loads((tmp_path / run_id / "summary.json").read_text())
     stages = {s["name"]: s for s in summary["stages"]}
@@ -119,7 +119,7 @@ def test_a_composite_gemma4_from_the_hub_fine_tunes_end_to_end_from_its_cached_c
 def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluation_fails_the_run(tmp_path):
     """Train loses a worker at step 10 and resumes from the last checkpoint, a sharded one of every 3 steps
     (``train.checkpoint_every_steps``): the steps trained again are at most those 3; then the evaluation job crashes
-    (``train.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing.
+    (``testing.fail_eval``): the run fails naming evaluate, register and promote do not run, teardown leaves nothing.
     Its 2 hosts are 2 slices of one: the slice check places them on 2 slices and passes, and each worker group
     trains on a 2-D mesh (HSDP), the restarted one resuming onto it."""
     # 256 examples / (16 per worker x 2 workers) = 8 steps an epoch, 3 epochs (both set here: the steps below count
@@ -129,7 +129,7 @@ def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluati
     proc = tpupipe_run(
         tmp_path,
         run_id,
-        "num_train_examples=256 batch_size=16 epochs=3 fail_at_step=10 max_failures=1 train.fail_eval=true "
+        "num_train_examples=256 batch_size=16 epochs=3 testing.fail_at_step=10 max_failures=1 testing.fail_eval=true "
         "cluster.num_hosts=1 cluster.num_slices=2 train.checkpoint_every_steps=3",
     )
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -157,7 +157,7 @@ def test_worker_failure_resumes_from_the_last_checkpoint_then_a_crashed_evaluati
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["check_slice"]["status"] == stages["train"]["status"] == "succeeded" and summary["slice_check"]["ok"]
     assert stages["evaluate"]["status"] == "failed"
-    assert "(train.fail_eval)" in stages["evaluate"]["error"]
+    assert "(testing.fail_eval)" in stages["evaluate"]["error"]
     assert stages["register"]["status"] == stages["promote"]["status"] == "skipped"
     assert stages["teardown"]["status"] == "succeeded"
     assert "evaluate" in proc.stdout and "status: failed" in proc.stdout

@@ -1,7 +1,7 @@
 """A fault in each stage in turn of `tpupipe run --platform gke` against the emulated project: provision half done
 (a stockout on the second slice's node pool, after the DCN networks, the cluster and the first slice exist), the image
 build failed (Cloud Build ends the build in FAILURE), deploy past its deadline (the RayCluster never gets ready), train
-crashed (the real trainer process raises: ``train.fail_at_step``), and a delete in teardown failing once
+crashed (the real trainer process raises: ``testing.fail_at_step``), and a delete in teardown failing once
 (DeleteCluster answers UNAVAILABLE, on top of a deploy past its deadline). Each run exits 1, its summary names the
 failing stage and its error, and teardown leaves nothing in any emulator and no process of the run.
 
@@ -95,8 +95,8 @@ FAULTS = [
         Fault(
             unique_run_id("f-train"),
             "train",
-            "injected failure at step 1 (train.fail_at_step)",
-            ONE_SLICE + TINY + " train.fail_at_step=1",
+            "injected failure at step 1 (testing.fail_at_step)",
+            ONE_SLICE + TINY + " testing.fail_at_step=1",
             ray=True,
         ),
         id="train-crashed",

@@ -1,4 +1,4 @@
-"""The local platform's preemption notice (``cluster.drain_host_at_step``): the keeper, once the workers' own logs show
+"""The local platform's preemption notice (``testing.drain_host_at_step``): the keeper, once the workers' own logs show
 the step, gives the last emulated host its notice (``keeper.preempt``: Ray's DrainNode with reason PREEMPTION, which
 tests/e2e/test_local_drain.py sends to a real cluster; here a notice that sends the host a SIGTERM stands in), and
 kills it just after the notice's deadline; and the hosts' environment turns Ray Train's preemption watcher on only
@@ -46,7 +46,7 @@ def test_the_keeper_gives_the_last_host_its_notice_at_the_step_and_kills_it_at_t
     ledger = {
         "temp_dir": str(temp_dir),
         "processes": [host1, host2, {"role": "keeper", "pid": 1, "pgid": 1}],
-        "spec": {"cluster": {"drain_host_at_step": 5, "preemption_notice_s": 1.0}},
+        "spec": {"testing": {"drain_host_at_step": 5}, "cluster": {"preemption_notice_s": 1.0}},
     }
     said: list[str] = []
     notices: list[tuple[str, float]] = []
@@ -94,6 +94,6 @@ def test_no_drain_without_the_aid(tmp_path):
 
 
 def test_the_watcher_is_on_where_a_drain_is_scheduled():
-    scheduled = cluster.preemption_environment(resolve("local-fsdp", "cluster.drain_host_at_step=20"))
+    scheduled = cluster.preemption_environment(resolve("local-fsdp", "testing.drain_host_at_step=20"))
     assert scheduled == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
     assert cluster.preemption_environment(resolve("local-fsdp")) == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}

@@ -117,7 +117,7 @@ def test_a_figure_of_another_key_or_none_is_measured_by_an_evaluation_job(tmp_pa
     known = ray_stages.known_figures(second, other, start, champion)
     assert known == {"after": (1.2, "the train job")}
     assert gate.known_figure(second, "local-fsdp@1", ray_stages.figure_key(second, OTHER_KEY)) is None
-    # A train job that measured nothing in itself (train.fail_eval, or an earlier epoch's checkpoint returned, or
+    # A train job that measured nothing in itself (testing.fail_eval, or an earlier epoch's checkpoint returned, or
     # MaxText): no key, so every figure is the evaluation job's, as before.
     assert ray_stages.known_figures(second, {**other, "heldout": {}}, start, champion) == {}
     assert gate.known_figure(second, "local-fsdp@1", None) is None

@@ -142,9 +142,9 @@ def test_the_check_job_carries_the_devices_each_host_checks():
 @pytest.mark.parametrize("aid", ["slice_check_corrupt_rank", "slice_check_slow_rank"])
 @pytest.mark.parametrize("value", ["-2", "2"])
 def test_the_testing_aids_name_none_or_one_of_the_ranks(aid, value):
-    with pytest.raises(SpecError, match=f"cluster.{aid}"):
-        resolve("local-fsdp", f"cluster.{aid}={value}")
-    assert getattr(resolve("local-fsdp", f"cluster.{aid}=1").cluster, aid) == 1
+    with pytest.raises(SpecError, match=f"testing.{aid}"):
+        resolve("local-fsdp", f"testing.{aid}={value}")
+    assert getattr(resolve("local-fsdp", f"testing.{aid}=1").testing, aid) == 1
 
 
 def test_a_run_without_the_check_says_so_and_its_dry_run_lists_no_check_job(tmp_path):

@@ -226,7 +226,7 @@ def test_published_pipeline_runs_on_vertex_alone_shows_its_artifacts_and_gates_t
     # And its train task's pod is evicted while the Ray job trains (SIGTERM, the job going on): the task reads that
     # its pipeline job is running, leaves the Ray job training and ends; its retry re-attaches to the same job.
     keep = "train.epochs=2 cluster.slice_check=false train.init_from=champion train.learning_rate=0"
-    keep += " gate.min_improvement=0.01 train.fail_at_step=40 train.max_failures=1"
+    keep += " gate.min_improvement=0.01 testing.fail_at_step=40 train.max_failures=1"
     project.vertex.backoff_scale = 0.05  # train's 30 s backoff: 1.5 s here
     train_job = f"{keep_id}-train"
     project.vertex.terminate_first_attempt("train", when=lambda: project.kube.job_status(train_job) == "RUNNING")

@@ -171,10 +171,10 @@ def preemption_environment(spec: RunSpec) -> dict[str, str]:
     """Ray Train's preemption watcher (an actor per worker group, which polls the GCS's draining nodes and announces a
     drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER and RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S,
     ray/train/v2/_internal/constants.py, propagated to the controller and workers) runs where the spec schedules a
-    drain (``cluster.drain_host_at_step``: the keeper's notice, ``keeper.preempt``), polling every second, not every
+    drain (``testing.drain_host_at_step``: the keeper's notice, ``keeper.preempt``), polling every second, not every
     5 s, since a local notice is short and its steps fast; elsewhere it stays off, and no worker group pays for
     starting its actor."""
-    watched = bool(spec.cluster.drain_host_at_step)
+    watched = bool(spec.testing.drain_host_at_step)
     return {
         "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1" if watched else "0",
         **({"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"} if watched else {}),
@@ -230,8 +230,9 @@ def start(ctx: RunContext, ledger: dict[str, Any], env: Env, log: Callable[[str]
             f"--labels={json.dumps({'tpupipe/host': f'host-{index}'})}",
             *[f"--{k}={v}" for k, v in node_ports.items()],
         ]
-        if cluster.host_start_delay_s:  # the same process (exec) joins later: a node still pulling its image
-            worker_cmd = ["/bin/sh", "-c", f'sleep {cluster.host_start_delay_s}; exec "$@"', "sh", *worker_cmd]
+        start_delay_s = ctx.spec.testing.host_start_delay_s
+        if start_delay_s:  # the same process (exec) joins later: a node still pulling its image
+            worker_cmd = ["/bin/sh", "-c", f'sleep {start_delay_s}; exec "$@"', "sh", *worker_cmd]
         spawn(ctx, ledger, f"host-{index}", worker_cmd, process_env)
     spawn(ctx, ledger, "keeper", keeper.command(ctx.run_dir / ledgers.KEY), process_env)
 

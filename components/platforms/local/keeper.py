@@ -32,7 +32,7 @@ INTERVAL_S = 0.2
 def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log: Callable[[str], None] = print) -> str:
     """Play KubeRay's part for the emulated hosts: when a host's process is gone (a lost host, a deleted
     pod), start a replacement with the same command, as KubeRay recreates a worker pod; with the spec's
-    ``cluster.host_replace_delay_s``, that long after it saw the host gone (a preempted Spot VM's replacement comes
+    ``testing.host_replace_delay_s``, that long after it saw the host gone (a preempted Spot VM's replacement comes
     later). Runs until teardown begins or the run's driver is gone (then ``tpupipe teardown RUN_ID`` stops the
     rest); returns why it stopped."""
     lost: dict[int, float] = {}  # pid of a host seen gone -> when
@@ -44,7 +44,7 @@ def keep(ledger_path: Path, interval_s: float = INTERVAL_S, log: Callable[[str],
         if ledger is None or reason:
             log(f"keeper: {reason}: exiting")
             return reason
-        delay = float(((ledger.get("spec") or {}).get("cluster") or {}).get("host_replace_delay_s") or 0.0)
+        delay = float(((ledger.get("spec") or {}).get("testing") or {}).get("host_replace_delay_s") or 0.0)
         drain.tick(ledger, log)
         for proc in ledger["processes"]:
             if proc["role"].startswith("host-") and not procs.alive(proc["pid"]):
@@ -146,7 +146,7 @@ def latest_step(temp_dir: Path, offsets: dict[Path, int]) -> int:
 
 
 class Drain:
-    """The spec's ``cluster.drain_host_at_step``: once the training's workers have logged that step, a preemption
+    """The spec's ``testing.drain_host_at_step``: once the training's workers have logged that step, a preemption
     notice to the last emulated host (:func:`preempt`), and the host killed just after the notice's deadline
     (``cluster.preemption_notice_s``; :func:`lose_host`); then the keeper replaces it as any lost host. Once a run."""
 
@@ -158,8 +158,8 @@ class Drain:
         self.done = False
 
     def tick(self, ledger: dict[str, Any], log: Callable[[str], None]) -> None:
-        cluster = (ledger.get("spec") or {}).get("cluster") or {}
-        step = int(cluster.get("drain_host_at_step") or 0)
+        spec = ledger.get("spec") or {}
+        step = int((spec.get("testing") or {}).get("drain_host_at_step") or 0)
         if not step or self.done:
             return
         if self.host is None:
@@ -167,12 +167,12 @@ class Drain:
                 return
             hosts = [p for p in ledger["processes"] if p["role"].startswith("host-")]
             self.host = max(hosts, key=lambda p: int(p["role"].removeprefix("host-")))
-            notice = float(cluster.get("preemption_notice_s") or 0.0)
+            notice = float((spec.get("cluster") or {}).get("preemption_notice_s") or 0.0)
             noticed_at = self.notify(ledger, self.host, notice)
             self.kill_at = time.monotonic() - (time.time() - noticed_at) + notice + KILL_AFTER_DEADLINE_S
             log(
                 f"{self.host['role']} (pid {self.host['pid']}) preempted at step {step} "
-                f"(cluster.drain_host_at_step): a {notice:g}s notice at {noticed_at:.3f}"
+                f"(testing.drain_host_at_step): a {notice:g}s notice at {noticed_at:.3f}"
             )
             return
         if time.monotonic() >= self.kill_at:
