@@ -23,11 +23,11 @@ from tests.terminal import Terminal, driver_processes
 
 pytestmark = pytest.mark.e2e
 
-# As small as the pipeline goes: one emulated host, one epoch over a few examples, no slice check (a stage that
-# waits on a Ray job as train does).
+# As small as the pipeline goes: one emulated host, one epoch over a few examples, no slice check, no answers (a stage
+# that waits on a Ray job as train does).
 SMALL = (
     "cluster.num_hosts=1 train.epochs=1 train.num_train_examples=64 train.num_eval_examples=32 "
-    "cluster.slice_check=false"
+    "cluster.slice_check=false eval.generate_examples=0"
 )
 # What the terminal shows once each stage is under way: the head starting, the stage waiting on the hosts (which join
 # late, so that the stage cannot end before the signal lands), the training's progress bar (its first step ended; the

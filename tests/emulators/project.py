@@ -40,6 +40,9 @@ PROJECT_NUMBER = "123456789012"
 # The emulated project's nodes run as its Compute Engine default account, which holds what nodes need, and Cloud Build
 # as its default build account: the tests accept them (those of their refusal leave this out).
 ALLOW = " gke.allow_default_identities=true"
+# Runs whose answers and step counts no test reads: local-fsdp's batches of 16 (half its default run's steps) and no
+# answers generated before and after training (eval.generate_examples=0).
+LEAN = " train.batch_size=16 eval.generate_examples=0"
 # local-fsdp shaped as a 1-slice TPU plan: one v6e 2x2 host (ct6e-standard-4t, 4 chips), one Ray Train worker
 # per TPU device, 1 CPU per worker pod; the emulated KubeRay runs the pods as local raylets on CPU.
 ONE_SLICE = (

@@ -19,7 +19,7 @@ from components.platforms.gke import GkePlatform
 from components.spec import InfraError
 from components.stages import goodput, jobs
 from components.stages.runner import record, run_stage
-from tests.emulators.project import ONE_SLICE
+from tests.emulators.project import LEAN, ONE_SLICE
 from tests.emulators.rayjobs import RayJobsEmulator
 from tests.gke.test_kueue import QUEUED, _left, _team_cluster, _workloads, context, setup
 from tests.gke.test_tokens_and_retries import _played
@@ -175,13 +175,12 @@ def test_a_job_evicted_once_is_submitted_again_and_its_wait_is_not_billed(tmp_pa
 # ---------------------------------------------------------------- end to end: a real trainer evicted mid-train
 
 # The smallest slice (v6e 1x1: one host, one chip, one Ray Train worker) on the team's shared cluster, whose
-# ClusterQueue holds that one chip; 64 steps (512 examples, 16 a step, 2 epochs), a sharded checkpoint every 4; no
-# answers generated (the eviction is what is tested, not the answers: eval.generate_examples=0).
+# ClusterQueue holds that one chip; 64 steps (512 examples, 16 a step: LEAN, 2 epochs), a sharded checkpoint every 4.
 CHECKPOINT_EVERY = 4
 EVICTED = (
     ONE_SLICE.replace("cluster.topology=2x2", "cluster.topology=1x1")
-    + " gke.cluster_name=team gke.queue=team-a cluster.slice_check=false train.epochs=2 train.batch_size=16"
-    + " eval.generate_examples=0"
+    + " gke.cluster_name=team gke.queue=team-a cluster.slice_check=false train.epochs=2"
+    + LEAN
     + f" train.checkpoint_every_steps={CHECKPOINT_EVERY}"
     # The emulated pods' Ray starts twice on this machine, the second time as the first one's processes end: on a
     # loaded machine that has taken minutes.

@@ -8,11 +8,11 @@ import yaml
 
 from components.spec.names import run_id_from
 from pipelines.backends.kfp import jobs as kfp_backend
-from tests.emulators.project import ONE_SLICE, PROJECT
+from tests.emulators.project import LEAN, ONE_SLICE, PROJECT
 from tests.helpers import assert_no_secret, wait_until
 
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
-OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
+OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2" + LEAN
 SENTINEL = "hf_KFPCANCEL0123456789abcdefSENTINEL"
 
 

@@ -15,12 +15,12 @@ from components.spec import names
 from components.spec.images import IMAGE_WITH_DIGEST
 from pipelines.pipeline import Target
 from pipelines.publish.vertex import publish
-from tests.emulators.project import ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
+from tests.emulators.project import LEAN, ONE_SLICE, PROJECT, PROJECT_NUMBER, REGION
 from tests.emulators.secretmanager import SecretManagerEmulator
 from tests.helpers import tpupipe_cmd, unique_run_id, wait_until
 
 BASE = "gke.torch_tpu_base=us-docker.pkg.dev/tpupipe-emulated/base/tt:2"
-OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2"
+OVERRIDES = ONE_SLICE.replace("gke.image=local/torch", BASE) + " gke.hf_secret= train.epochs=2" + LEAN
 SENTINEL = "hf_SECRETMANAGER0123456789SENTINEL"
 ENCODED = base64.b64encode(SENTINEL.encode()).decode()  # as a Secret's data carries it
 PLACE = ["--project", PROJECT, "--region", REGION]
