@@ -774,6 +774,22 @@ def test_transient_compute_errors_are_retried(tmp_path, project_factory):
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
 
 
+def test_rate_limits_and_server_errors_of_compute_are_retried(tmp_path, project_factory):
+    """Compute Engine speaks REST: a rate limit is HTTP 429 (api_core's TooManyRequests, not gRPC's
+    ResourceExhausted), and a server or gateway error 500 or 502; each passes with time
+    (https://cloud.google.com/storage/docs/retry-strategy), so each is asked again."""
+    project = project_factory()
+    project.compute.fail("networks.insert", 429, message="Rate Limit Exceeded")
+    project.compute.fail("subnetworks.insert", 500)
+    project.compute.fail("networks.delete", 502)
+    ctx = context(tmp_path, "throttled", DCN_SLICES)
+    platform().provision(ctx)
+    assert len(project.compute.names("networks")) == 2
+    assert project.compute.state.calls.count("networks.insert") == 3  # one 429, then the two networks
+    platform().teardown(ctx)
+    assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+
+
 def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves_nothing(tmp_path, project_factory):
     import os
     import signal
