@@ -1033,6 +1033,18 @@ def test_a_later_run_of_the_same_sources_reuses_the_image_and_its_compile_cache(
     assert len([i for i in project.registry.state.images if i.startswith(tagged)]) == 2
 
 
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+def test_a_create_build_whose_reply_was_lost_is_followed_not_started_twice(tmp_path, project_factory, code):
+    """CreateBuild takes effect and its reply is lost: before asking again the build is looked up by the run's tag,
+    and the one the lost reply started is waited on; a second would push the run's tag again (immutable)."""
+    project = project_factory()
+    project.cloudbuild.lose_reply("CreateBuild", code)
+    result = platform().build_image(context(tmp_path, "lostbuild", BUILD))
+    (build,) = project.cloudbuild.state.builds.values()
+    assert build.status.name == "SUCCESS" and result["built"] and result["build"] == build.id
+    assert project.cloudbuild.state.calls.count("CreateBuild") == 1
+
+
 def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):
     from google.cloud import artifactregistry_v1
 
