@@ -71,6 +71,54 @@ def test_a_registered_copy_is_created_never_replaced(tmp_path, project_factory):
     )
 
 
+def test_a_registered_copy_whose_reply_was_lost_is_this_runs_own(tmp_path, project_factory):
+    """The first rewrite of a create-only copy takes effect and its reply is lost: the client asks again, and the
+    retry's ifGenerationMatch=0 fails (412) on the object its first try made. Its bytes are the source's: this run's
+    copy, registered, not another run's refused."""
+    from components.platforms.gke import GkePlatform
+
+    project = project_factory()
+    _bucket()
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "lostcopy", ONE_SLICE)
+    trained = f"gs://{BUCKET}/runs/lostcopy/train/checkpoint_000001"
+    project.storage.put(BUCKET, "runs/lostcopy/train/checkpoint_000001/model.safetensors", b"this run's weights")
+    project.storage.lose("objects.rewrite")
+    registered = gke.keep_registered(ctx, trained, "local-fsdp", gke.checkpoint_versions(ctx, trained))
+    assert registered == f"gs://{BUCKET}/models/local-fsdp/lostcopy"
+    assert project.storage.state.calls.count("objects.rewrite") == 2  # the lost one, and the retry refused
+    assert project.storage.data(BUCKET, "models/local-fsdp/lostcopy/model.safetensors") == b"this run's weights"
+
+
+def test_another_runs_composite_copy_of_the_same_size_is_refused_not_taken_for_this_runs(tmp_path, project_factory):
+    """Composite objects carry no MD5, so two of one size with other bytes differ only by their CRC32C: the copy is
+    not skipped as done, and the object there is refused."""
+    from google.cloud import storage
+
+    from components.cloud.credentials import credentials
+    from components.platforms.gke import GkePlatform
+    from tests.emulators.project import PROJECT
+
+    project = project_factory()
+    _bucket()
+    bucket = storage.Client(project=PROJECT, credentials=credentials()).bucket(BUCKET)
+
+    def composite(name: str, *parts: bytes) -> None:
+        blobs = [bucket.blob(f"parts/{name}/{i}") for i in range(len(parts))]
+        for blob, data in zip(blobs, parts, strict=True):
+            blob.upload_from_string(data)
+        bucket.blob(name).compose(blobs)
+
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    ctx = context(tmp_path, "composite", ONE_SLICE)
+    trained = f"gs://{BUCKET}/runs/composite/train/checkpoint_000001"
+    composite("runs/composite/train/checkpoint_000001/model.safetensors", b"this run's", b" weights")
+    composite("models/local-fsdp/composite/model.safetensors", b"another's w", b"eights!")  # the same size
+    with pytest.raises(SpecError, match="already holds other bytes"):
+        gke.keep_registered(ctx, trained, "local-fsdp", gke.checkpoint_versions(ctx, trained))
+    assert project.storage.data(BUCKET, "models/local-fsdp/composite/model.safetensors") == b"another's weights!"
+
+
 def _bucket() -> None:
     from google.cloud import storage
 
