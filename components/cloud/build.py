@@ -3,7 +3,8 @@ through google-cloud-build (docs/architecture.md, "Cloud calls through the clien
 
 The build context (the image directory and the tpupipe sources the Dockerfile copies) is packed reproducibly
 (sorted entries, no timestamps or owners) and uploaded to the run's prefix in the bucket. The build carries the
-run's tag, so a re-run build stage finds it again: a finished build is reused, a running one re-attached to. The
+run's tag, so a re-run build stage finds it again: a finished build is reused, a running one re-attached to (and
+a create whose reply was lost is not asked again before the tag is looked up: ``CloudBuild.create``). The
 wait polls the build with its step statuses as progress and a deadline; an interrupt (SIGINT, SIGTERM) cancels
 the build; a failed build is one error with Cloud Build's own detail and log URL.
 
@@ -250,9 +251,7 @@ class CloudBuild(Adapter["cloudbuild_v1.CloudBuildClient"]):
         stop: Callable[[], str | None] = lambda: None,
     ) -> cloudbuild_v1.Build:
         """The build ``body`` describes: reused when one with ``tag`` succeeded, re-attached to when it runs, else
-        started; waited on until it has pushed the image."""
-        from google.cloud.devtools import cloudbuild_v1
-
+        started (``create``); waited on until it has pushed the image."""
         build = self.find(tag)
         if build is not None and build.status.name == "SUCCESS":
             self.log(f"image build {build.id} of this run succeeded already: reusing {', '.join(build.images)}")
@@ -260,19 +259,42 @@ class CloudBuild(Adapter["cloudbuild_v1.CloudBuildClient"]):
         if build is not None:
             self.log(f"image build {build.id} of this run is {build.status.name}: waiting for it")
         else:
-            request = {
-                "project_id": self.project,
-                "parent": self.parent,
-                "build": cloudbuild_v1.Build.from_json(json.dumps(body)),
-            }
-            op = self.call("create build", lambda: self.client.create_build(request=request))
-            build = op.metadata.build
+            build = self.create(body, tag)
             record("build", f"{self.parent}/builds/{build.id}")
             self.log(
                 f"building {', '.join(body['images'])} with Cloud Build: build {build.id}"
                 + (f", log {build.log_url}" if build.log_url else "")
             )
         return self.wait(build.id, timeout_s, stop)
+
+    def create(self, body: dict[str, Any], tag: str) -> cloudbuild_v1.Build:
+        """Start the build ``body`` describes (it carries ``tag``), once. CreateBuild is not idempotent: each request
+        that reaches Cloud Build starts a build, and google-cloud-build gives it no retry for that reason
+        (cloudbuild_v1 ``services/cloud_build/transports/base.py`` at 3.35.0: ``create_build`` wrapped with no
+        ``default_retry``). A transient error can come after the request took effect, its reply lost: gRPC answers
+        ``UNAVAILABLE`` when the connection breaks once the request is sent, and ``DEADLINE_EXCEEDED`` "may be
+        returned even if the operation has completed successfully" (https://grpc.io/docs/guides/status-codes). So
+        before a create is asked again the build is looked up by its tag (``find``): one there is the build the lost
+        reply started, followed instead of starting a second (a second would also push the run's tag again, which
+        the repository's immutable tags refuse)."""
+        from google.cloud.devtools import cloudbuild_v1
+
+        request = {
+            "project_id": self.project,
+            "parent": self.parent,
+            "build": cloudbuild_v1.Build.from_json(json.dumps(body)),
+        }
+        asked: list[bool] = []
+
+        def once() -> cloudbuild_v1.Build:
+            if asked and (started := self.find(tag)) is not None:
+                self.log(f"  create build: the earlier request started build {started.id} (its reply was lost)")
+                return started
+            asked.append(True)
+            created: cloudbuild_v1.Build = self.client.create_build(request=request).metadata.build
+            return created
+
+        return self.call("create build", once)
 
     def get(self, build_id: str) -> cloudbuild_v1.Build:
         return self.call(

@@ -1,7 +1,9 @@
 """What a Google Cloud API's error means to the adapters (:class:`Adapter`, the base of every Google Cloud adapter):
-``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` transient, retried with backoff (``call_with_retry``); ``RESOURCE_EXHAUSTED``
-a quota or a stockout (:class:`CapacityError`, the user's to resolve) unless it is a rate limit; a change refused while
-another operation holds the cluster (``is_busy``), asked again later.
+transient answers retried with backoff (``call_with_retry``, ``is_transient``): gRPC's ``UNAVAILABLE`` and
+``DEADLINE_EXCEEDED``, and over REST the HTTP statuses Google lists as transient, 408, 429 and the 5xx of a server or
+gateway in trouble; ``RESOURCE_EXHAUSTED`` a quota or a stockout (:class:`CapacityError`, the user's to resolve)
+unless it is a rate limit; a change refused while another operation holds the cluster (``is_busy``), asked again
+later.
 """
 
 from __future__ import annotations
@@ -60,25 +62,58 @@ class RetryPolicy:
 # the error's ErrorInfo reason (google/api/error_reason.proto: RATE_LIMIT_EXCEEDED, "the request is denied because it
 # violates a rate limit", apart from RESOURCE_QUOTA_EXCEEDED).
 RATE_LIMITED = "RATE_LIMIT_EXCEEDED"
+QUOTA_EXCEEDED = "RESOURCE_QUOTA_EXCEEDED"
+# The HTTP statuses of a REST answer that are transient: "HTTP 408, 429, and 5xx response codes" (Cloud Storage's retry
+# strategy, https://cloud.google.com/storage/docs/retry-strategy, "Response"), the 5xx as google-cloud-storage retries
+# them (_RETRYABLE_STATUS_CODES, google/cloud/storage/retry.py at 3.17.1: 500, 502, 503, 504; 501 Not Implemented
+# never passes with time). api_core raises each as its own class (google/api_core/exceptions.py at 2.44.0: 429
+# TooManyRequests, 500 InternalServerError, 502 BadGateway, 503 ServiceUnavailable, 504 GatewayTimeout; 408 has none,
+# a GoogleAPICallError whose code is 408).
+TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def is_rate_limit(exc: BaseException) -> bool:
     return getattr(exc, "reason", None) == RATE_LIMITED
 
 
+def over_rest(exc: BaseException) -> bool:
+    """Whether a google.api_core error is an HTTP answer: api_core makes a REST client's error from the HTTP response,
+    which it keeps as ``response`` (``from_http_response``, ``format_http_response_error``), and a gRPC client's
+    from the ``grpc.RpcError`` (``from_grpc_error``), the error of a long-running operation from the operation."""
+    return isinstance(getattr(getattr(exc, "response", None), "status_code", None), int)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An error that passes with time, so the call is asked again: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP
+    503 and 504), a rate limit's ``RESOURCE_EXHAUSTED`` (``is_rate_limit``; any other is a quota), and an HTTP answer
+    (``over_rest``) of another status of ``TRANSIENT_HTTP``, but a 429 whose ErrorInfo names a quota
+    (``RESOURCE_QUOTA_EXCEEDED``). gRPC's ``INTERNAL``, which api_core raises as the class of HTTP 500, is not
+    retried: only an HTTP 500 is."""
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, gexc.ResourceExhausted):  # gRPC's (an HTTP 429 is a TooManyRequests)
+        return is_rate_limit(exc)
+    if isinstance(exc, (gexc.ServiceUnavailable, gexc.GatewayTimeout)):  # DeadlineExceeded is a GatewayTimeout
+        return True
+    if not isinstance(exc, gexc.GoogleAPICallError) or not over_rest(exc):
+        return False
+    if exc.code == 429:
+        return getattr(exc, "reason", None) != QUOTA_EXCEEDED
+    return exc.code in TRANSIENT_HTTP
+
+
 def call_with_retry[T](
     what: str, fn: Callable[[], T], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
 ) -> T:
-    """``fn()``, with ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP 503 and 504 on REST) and a rate limit's
-    ``RESOURCE_EXHAUSTED`` (``is_rate_limit``) retried with backoff."""
+    """``fn()``, with a transient error (``is_transient``) asked again with backoff, ``retry.attempts`` tries in all."""
     from google.api_core import exceptions as gexc
 
     delay = retry.initial_s
     for attempt in range(1, retry.attempts + 1):
         try:
             return fn()
-        except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.GatewayTimeout, gexc.ResourceExhausted) as exc:
-            if isinstance(exc, gexc.ResourceExhausted) and not is_rate_limit(exc):
+        except gexc.GoogleAPICallError as exc:
+            if not is_transient(exc):
                 raise
             if attempt == retry.attempts:
                 raise GkeError(f"{what}: still {type(exc).__name__} after {attempt} attempts: {exc.message}") from exc

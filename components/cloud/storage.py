@@ -95,6 +95,14 @@ class SourceChanged(RuntimeError):
         self.changed = changed
 
 
+def content(blob: Blob) -> tuple[Any, Any]:
+    """What says two objects hold the same bytes: their size and CRC32C. "All Cloud Storage objects have a CRC32C
+    hash", and MD5 "is not supported for composite objects" (https://cloud.google.com/storage/docs/hashes-etags;
+    "Composite objects do not have an MD5 hash metadata field": https://cloud.google.com/storage/docs/composite-objects),
+    so two composite objects of one size would look alike by (size, MD5)."""
+    return int(blob.size or 0), blob.crc32c
+
+
 def _pinned(found: list[Blob], source: str, generations: dict[str, int]) -> list[Blob]:
     """The listed objects ``generations`` names, each at its generation; :class:`SourceChanged` for those that are
     not (another generation, or none)."""
@@ -171,10 +179,11 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
     ) -> tuple[int, int, int]:
         """Copy every object under ``source/`` to the same name under ``destination/`` in the bucket, server-side
         (objects.rewrite, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite);
-        an object already there with the same size and MD5 is kept (a retried copy resumes). ``create_only``: each
-        object written with ``ifGenerationMatch=0``, which "succeeds only if there are no live objects" of its name
-        (https://cloud.google.com/storage/docs/request-preconditions), so an object there with other bytes is never
-        replaced: a SpecError naming ``run_id``. ``generations`` (names under ``source/`` -> generation): exactly
+        an object already there with the same size and CRC32C (:func:`content`) is kept (a retried copy resumes).
+        ``create_only``: each object written with ``ifGenerationMatch=0``, which "succeeds only if there are no live
+        objects" of its name (https://cloud.google.com/storage/docs/request-preconditions), so an object there with
+        other bytes is never replaced: a SpecError naming ``run_id`` (one with the same bytes is this copy's own, whose
+        reply was lost: ``_copy``). ``generations`` (names under ``source/`` -> generation): exactly
         those objects, each read at that generation only (the rewrite's ``ifSourceGenerationMatch``, which fails the
         request with 412 when the source's live generation is another: the rewrite page's query parameters and
         https://cloud.google.com/storage/docs/request-preconditions), so a source rewritten or gone since is copied
@@ -183,14 +192,14 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         destination holds none of it (what an earlier copy made is kept)."""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
-        have = {b.name: (b.size, b.md5_hash) for b in self._listed(name, destination)}
+        have = {b.name: content(b) for b in self._listed(name, destination)}
         if generations is not None:
             found = _pinned(found, source, generations)
         made: list[tuple[str, int]] = []  # (name, generation) of each object this call wrote
         try:
             for blob in found:
                 target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
-                if have.get(target) != (blob.size, blob.md5_hash):
+                if have.get(target) != content(blob):
                     made.append((target, self._copy(bucket, blob, target, source, create_only, generations)))
         except BaseException:
             if create_only:  # made whole or not at all: no part of a failed copy is left where it was going
@@ -209,7 +218,15 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         create_only: bool,
         generations: dict[str, int] | None,
     ) -> int:
-        """One object of ``copy_prefix``: the generation of its copy ``target``."""
+        """One object of ``copy_prefix``: the generation of its copy ``target``. A create-only rewrite refused with
+        412 by a ``target`` that holds the source's bytes (:func:`content`) is this copy's own: a retry of a request
+        that took effect but whose reply was lost. Such a rewrite is asked again: "Socket timeouts and TCP
+        disconnects" are transient (https://cloud.google.com/storage/docs/retry-strategy, "Response"), and a write
+        with a generation precondition is safe to retry (the same page, "Conditional idempotency"), so
+        google-cloud-storage retries it itself (``DEFAULT_RETRY_IF_GENERATION_SPECIFIED``, google/cloud/storage/blob.py
+        at 3.17.1), as does ``call``; the retry then finds its own first try's object in place, and its
+        ``ifGenerationMatch=0`` fails (412: https://cloud.google.com/storage/docs/request-preconditions). Other bytes
+        there are another copy's: refused."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         name = bucket.name
@@ -231,6 +248,10 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
                 raise SourceChanged([blob.name.removeprefix(f"{source}/")]) from None
             if isinstance(exc, NotFound):
                 raise
+            there = self.call(f"get gs://{name}/{target}", functools.partial(bucket.get_blob, target))
+            if there is not None and content(there) == content(blob):
+                self.log(f"  gs://{name}/{target}: already this copy of gs://{name}/{blob.name} (a reply lost)")
+                return int(there.generation)
             raise SpecError(
                 "run_id",
                 f"gs://{name}/{target} already holds other bytes than gs://{name}/{blob.name} (another run's "

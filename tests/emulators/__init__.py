@@ -86,7 +86,11 @@ def rich_status(code, message: str, reason: str, domain: str = "googleapis.com")
 class GrpcEmulator:
     """Base of a gRPC emulator with ``state.calls``, ``faults`` and ``_lock``: ``_wrap(method, fn)`` records each
     call, answers an injected fault's status code, else runs ``fn`` under the lock (``fn(request, context, fault)``
-    with ``pass_fault``, for faults that change the answer rather than fail the call)."""
+    with ``pass_fault``, for faults that change the answer rather than fail the call). A fault whose ``lost`` is set
+    fails the call after it took effect: ``fn`` runs, and its answer is replaced by the fault's status, as a client
+    whose reply is lost sees it (``UNAVAILABLE`` when "Some data transmitted ... before connection breaks",
+    ``DEADLINE_EXCEEDED`` when no response is received in time, which "may be returned even if the operation has
+    completed successfully": https://grpc.io/docs/guides/status-codes)."""
 
     _server = None
 
@@ -99,6 +103,10 @@ class GrpcEmulator:
             with self._lock:
                 self.state.calls.append(method)
             fault = take_fault(self.faults, self._lock, method, request)
+            if fault is not None and getattr(fault, "lost", False):
+                with self._lock:
+                    fn(request, context, None) if pass_fault else fn(request, context)
+                context.abort(fault.code, fault.message)
             if fault is not None and fault.code is not None:
                 reason = getattr(fault, "reason", "")
                 if reason:  # with the google.rpc.ErrorInfo Google's APIs attach (its ``reason``: AIP-193)

@@ -26,7 +26,8 @@ and is done once the build is finished: with the build as its response, or with 
 failed or was cancelled.
 
 Faults: ``fail`` makes the next N matching calls of a method answer a gRPC status (UNAVAILABLE, ...), before the call
-takes effect; ``build_fails`` makes the next N builds that match end in FAILURE at a step, with the status_detail and
+takes effect; ``lose_reply`` answers one after the call took effect (a CreateBuild whose build started, its reply
+lost); ``build_fails`` makes the next N builds that match end in FAILURE at a step, with the status_detail and
 failure_info Cloud Build reports when a step exits non-zero.
 """
 
@@ -118,6 +119,7 @@ class Fault:
     times: int = 1
     when: Callable[[object], bool] = lambda request: True
     step: int = 0  # a build failure's failing step
+    lost: bool = False  # the call takes effect, then answers ``code`` (its reply lost: ``GrpcEmulator``)
 
 
 @dataclass
@@ -175,6 +177,17 @@ class CloudBuildEmulator(GrpcEmulator):
         """The next ``times`` calls of ``method`` ("CreateBuild", "GetBuild", "ListBuilds", "CancelBuild",
         "GetOperation") whose request matches ``when`` answer ``code``."""
         self.faults.append(Fault(method, code, message or f"injected {code.name}", times, when))
+
+    def lose_reply(
+        self,
+        method: str,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        times: int = 1,
+        when: Callable[[object], bool] = lambda request: True,
+    ) -> None:
+        """The next ``times`` calls of ``method`` whose request matches ``when`` take effect (a CreateBuild starts its
+        build), and the client gets ``code`` instead of the answer: the reply lost on the way (``GrpcEmulator``)."""
+        self.faults.append(Fault(method, code, f"injected {code.name}: the reply was lost", times, when, lost=True))
 
     def build_fails(self, when: Callable[[cb.Build], bool] = lambda build: True, times: int = 1, step: int = 0) -> None:
         """The next ``times`` builds created that match ``when`` (given the new build) end in FAILURE at ``step``

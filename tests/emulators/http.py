@@ -1,6 +1,7 @@
 """What the JSON-over-HTTP emulators (``compute``, ``storage``, ``models``, ``bigquery``) share: Google's error shape
-and its status names, injected faults, and a threaded HTTP server on 127.0.0.1 that hands each request to the
-emulator's ``handle``."""
+and its status names, injected faults (an error answered before the request takes effect, or a reply lost after it
+took effect: ``Lost``), and a threaded HTTP server on 127.0.0.1 that hands each request to the emulator's
+``handle``."""
 
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ class Fault:
     times: int = 1
     when: Callable[[dict], bool] = lambda request: True
     info: dict | None = field(default=None, kw_only=True)  # the answer's ErrorInfo (HttpError.info)
+    # a lost reply: the request takes effect, then the connection is closed before any answer (``Lost``)
+    lost: bool = field(default=False, kw_only=True)
 
 
 @dataclass
@@ -75,6 +78,14 @@ class Cut:
 
     data: bytes
     sent: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The answer to a request that took effect but whose reply never reaches the client: the connection is closed
+    before a byte of it is sent. Cloud Storage counts "Socket timeouts and TCP disconnects" among the transient
+    failures a client retries (https://cloud.google.com/storage/docs/retry-strategy, "Response"), so a retry may
+    find what its first try did."""
 
 
 class HttpServer:
@@ -112,6 +123,10 @@ class HttpServer:
                     headers = rest[0] if rest else {}
                 except HttpError as e:
                     status, payload, headers = e.status, e.body(), {}
+                if isinstance(payload, Lost):
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 cut = payload if isinstance(payload, Cut) else None
                 if isinstance(payload, dict):
                     data = json.dumps(payload).encode()

@@ -2,8 +2,8 @@
 buckets.insert, buckets.getIamPolicy, buckets.setIamPolicy, buckets.testIamPermissions) and the objects a run stages
 (objects.insert by the multipart, media and resumable upload protocols under ``/upload/storage/v1``, objects.get of
 metadata or of the data with ``alt=media`` or under ``/download/storage/v1``, objects.delete, objects.list by prefix,
-delimiter and matchGlob in pages, and the server-side copies objects.copy and objects.rewrite), served over plain HTTP
-by ``http.server``, so that the real ``google.cloud.storage.Client`` talks to it.
+delimiter and matchGlob in pages, the server-side copies objects.copy and objects.rewrite, and objects.compose),
+served over plain HTTP by ``http.server``, so that the real ``google.cloud.storage.Client`` talks to it.
 
 Where objects are kept: without ``root``, in memory (``state.objects`` holds each one's metadata and data). With
 ``root`` (a directory), a bucket's objects are files, ``root/<bucket>/<object name>`` (``bucket_dir(bucket)``), as
@@ -72,12 +72,18 @@ or a rewrite (``.../rewriteTo/...``, https://cloud.google.com/storage/docs/json_
 in one call) writes the source's data as a new object (a new generation) at the destination, with the source's
 content metadata (contentType, custom metadata, ...) unless the request body gives the destination's: 404 for a
 source or a bucket that does not exist; the source's generation may be named (``sourceGeneration``) and its
-preconditions are ``ifSourceGenerationMatch`` etc., the destination's ``ifGenerationMatch`` etc.
+preconditions are ``ifSourceGenerationMatch`` etc., the destination's ``ifGenerationMatch`` etc. A composition
+(``POST .../o/NAME/compose``) writes its sources' data, in order, as a composite object: it has a CRC32C, a component
+count and no MD5 (https://cloud.google.com/storage/docs/composite-objects), and so has a copy of it; its download's
+``x-goog-hash`` is its CRC32C alone.
 
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
 "buckets.testIamPermissions", "objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy",
-"objects.rewrite"): an HTTP error for the next N matching calls, before the call takes effect. Every request of an
-upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an "objects.get".
+"objects.rewrite", "objects.compose"): an HTTP error for the next N matching calls, before the call takes effect
+(``fail``), or a lost reply, after it took effect (``lose``: the connection closed before any answer, one of the
+"Socket timeouts and TCP disconnects" a client retries, https://cloud.google.com/storage/docs/retry-strategy). Every
+request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an
+"objects.get".
 
 Identities: a request authenticated by the emulator's ``token`` (the static token, or one the ``TokenIssuer`` minted:
 the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked
@@ -126,7 +132,7 @@ from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlsplit
 import google_crc32c
 
 from tests.emulators import iam, take_fault
-from tests.emulators.http import REASONS, Cut, Fault, HttpEmulator, HttpError
+from tests.emulators.http import REASONS, Cut, Fault, HttpEmulator, HttpError, Lost
 from tests.emulators.tokens import authorized
 
 STORAGE_REASONS = {**REASONS, 409: "conflict"}
@@ -141,6 +147,9 @@ COPY_PATH = re.compile(
     r"/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>[^/]+)/(?P<verb>copyTo|rewriteTo)"
     r"/b/(?P<destination_bucket>[^/]+)/o/(?P<destination_object>[^/]+)"
 )
+# a composition (https://cloud.google.com/storage/docs/json_api/v1/objects/compose): the destination, its name
+# URL-encoded
+COMPOSE_PATH = re.compile(r"/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>[^/]+)/compose")
 ROUTES = {
     ("POST", "buckets"): "buckets.insert",
     ("GET", "bucket"): "buckets.get",
@@ -156,6 +165,7 @@ ROUTES = {
     ("GET", "download"): "objects.get",
     ("POST", "copyTo"): "objects.copy",
     ("POST", "rewriteTo"): "objects.rewrite",
+    ("POST", "compose"): "objects.compose",
 }
 BUCKET_NAME = re.compile(r"[a-z0-9][-a-z0-9_.]{1,61}[a-z0-9]")
 # the bucket resource's fields; output-only ones are accepted in an insert and overwritten
@@ -261,11 +271,18 @@ PERMISSIONS = {
     "objects.list": (("storage.objects.list", "bucket"),),
     "objects.copy": COPY_PERMISSIONS,
     "objects.rewrite": COPY_PERMISSIONS,
+    # and storage.objects.get on each source (``_authorize``)
+    "objects.compose": (("storage.objects.create", "object"),),
 }
 # overwriting an object needs its deletion too (https://cloud.google.com/storage/docs/access-control/iam-permissions)
 OVERWRITE_PERMISSION = "storage.objects.delete"
 # the methods that write an object: which of the request's resources they write
-WRITES = {"objects.insert": "object", "objects.copy": "destination", "objects.rewrite": "destination"}
+WRITES = {
+    "objects.insert": "object",
+    "objects.copy": "destination",
+    "objects.rewrite": "destination",
+    "objects.compose": "object",
+}
 # how a refusal names the kind of resource
 RESOURCE_NOUNS = {
     "project": "Google Cloud project",
@@ -529,6 +546,12 @@ class StorageEmulator(HttpEmulator):
             )
         )
 
+    def lose(self, method: str, times: int = 1, when: Callable[[dict], bool] = lambda request: True) -> None:
+        """The next ``times`` calls of ``method`` matching ``when`` (as ``fail`` gives it) take effect, and their
+        reply is lost: the connection is closed before any answer (``http.Lost``), so the client sees a dropped
+        connection and cannot tell whether the request took effect."""
+        self.faults.append(Fault(method, None, "", "", times, when, lost=True))
+
     def cut(self, after: int, times: int = 1, when: Callable[[dict], bool] = lambda request: True) -> None:
         """The next ``times`` media downloads matching ``when`` (``{"bucket", "object", "query"}``) break off: their
         headers and ``after`` bytes of their body are sent, then the connection is closed. A client must resume such
@@ -630,6 +653,9 @@ class StorageEmulator(HttpEmulator):
         if method:
             destination = {"bucket": unquote(m["destination_bucket"]), "object": unquote(m["destination_object"])}
             return method, unquote(m["bucket"]), unquote(m["object"]), destination
+        m = COMPOSE_PATH.fullmatch(path)
+        if m and command == "POST":
+            return ROUTES[(command, "compose")], unquote(m["bucket"]), unquote(m["object"]), {}
         for kind, pattern in (("upload", UPLOAD_PATH), ("download", DOWNLOAD_PATH), ("", PATH)):
             m = pattern.fullmatch(path)
             if not m:
@@ -683,32 +709,43 @@ class StorageEmulator(HttpEmulator):
         elif destination:
             request = {"bucket": bucket, "object": name, "destination": destination, "query": query, "body": _json(raw)}
         else:
-            body = _json(raw) if method == "objects.patch" else {}
+            body = _json(raw) if method in ("objects.patch", "objects.compose") else {}
             request = {"bucket": bucket, "object": name, "query": query, "body": body}
         if member is None and request.get("bucket") in self._foreign:
             member = self._foreign[request["bucket"]]
         if member is not None:
             self._authorize(member, method, request)
         fault = take_fault(self.faults, self._lock, method, request)
-        if fault:
+        if fault and not fault.lost:
             raise HttpError(fault.status, fault.message, fault.reason)
         with self._lock:  # serialised under the lock: the answer may be a stored resource
-            if upload is not None:
-                return self._insert_object(http, bucket, upload)
-            if method == "objects.get":
-                media = url.path.startswith("/download/") or query.get("alt") == "media"
-                return self._get_object(http, bucket, name, query, media)
-            if method == "objects.delete":
-                return self._delete_object(bucket, name, query)
-            if method == "objects.patch":
-                return 200, self._patch_object(bucket, name, query, request["body"]), {}
-            if method == "objects.list":
-                return 200, self._list_objects(bucket, query), {}
-            if destination:
-                return 200, self._copy_object(method, bucket, name, destination, query, request["body"]), {}
-            if method == "buckets.testIamPermissions":
-                return 200, self._test_permissions(bucket, parse_qs(url.query).get("permissions", []), member), {}
-            return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request)), {}
+            answer = self._answer(http, method, request, upload, member)
+        return (0, Lost(), {}) if fault else answer  # a lost reply (``lose``): the request took effect
+
+    def _answer(
+        self, http: BaseHTTPRequestHandler, method: str, request: dict, upload: dict | None, member: str | None
+    ) -> tuple[int, dict | bytes | Cut | None, dict]:
+        """What the request does, and its answer (under the lock)."""
+        bucket, name, query = request["bucket"], request.get("object", ""), request["query"]
+        url = urlsplit(http.path)
+        if upload is not None:
+            return self._insert_object(http, bucket, upload)
+        if method == "objects.get":
+            media = url.path.startswith("/download/") or query.get("alt") == "media"
+            return self._get_object(http, bucket, name, query, media)
+        if method == "objects.delete":
+            return self._delete_object(bucket, name, query)
+        if method == "objects.patch":
+            return 200, self._patch_object(bucket, name, query, request["body"]), {}
+        if method == "objects.list":
+            return 200, self._list_objects(bucket, query), {}
+        if method == "objects.compose":
+            return 200, self._compose_object(bucket, name, query, request["body"]), {}
+        if "destination" in request:
+            return 200, self._copy_object(method, bucket, name, request["destination"], query, request["body"]), {}
+        if method == "buckets.testIamPermissions":
+            return 200, self._test_permissions(bucket, parse_qs(url.query).get("permissions", []), member), {}
+        return 200, copy.deepcopy(getattr(self, "_" + method.split(".")[1])(**request)), {}
 
     def _authorize(self, member: str, method: str, request: dict) -> None:
         """403 unless the buckets' policies allow ``member`` what ``method`` needs, on each resource it is checked
@@ -728,8 +765,15 @@ class StorageEmulator(HttpEmulator):
             written = WRITES.get(method)
             if written and self._objects.get(*where[written]) is not None:
                 checks.append((OVERWRITE_PERMISSION, written))
-            for needed, kind in checks:
-                target = where[kind]
+            targets = [(needed, kind, where[kind]) for needed, kind in checks]
+            if method == "objects.compose":  # each source is read
+                sources = request["body"].get("sourceObjects")
+                targets += [
+                    ("storage.objects.get", "object", (request["bucket"], str(source.get("name", ""))))
+                    for source in (sources if isinstance(sources, list) else [])
+                    if isinstance(source, dict)
+                ]
+            for needed, kind, target in targets:
                 allowed = target is not None and iam.allows(
                     self.state.policies.get(target[0], {}).get("bindings", []), member, needed, _attributes(*target)
                 )
@@ -1026,10 +1070,18 @@ class StorageEmulator(HttpEmulator):
         return name
 
     def _store(
-        self, bucket: str, metadata: dict, data: bytes, content_type: str, query: dict, claimed: dict | None = None
+        self,
+        bucket: str,
+        metadata: dict,
+        data: bytes,
+        content_type: str,
+        query: dict,
+        claimed: dict | None = None,
+        components: int = 0,
     ) -> dict:
         """Stores an uploaded object (a new generation of it) and answers its resource. ``claimed``: the hashes the
-        upload says the data has (the metadata's crc32c and md5Hash, an ``x-goog-hash`` header's)."""
+        upload says the data has (the metadata's crc32c and md5Hash, an ``x-goog-hash`` header's). ``components``: a
+        composite object's component count (``_resource``)."""
         name = self._checked(bucket, metadata, query)
         _not_held(bucket, name, self._objects.get(bucket, name))
         md5, crc32c = _hashes(data)
@@ -1039,7 +1091,7 @@ class StorageEmulator(HttpEmulator):
                 raise HttpError(
                     400, f'Provided {label} "{claimed[kind]}" doesn\'t match calculated {label} "{actual}".'
                 )
-        resource = self._resource(bucket, name, metadata, data, content_type)
+        resource = self._resource(bucket, name, metadata, data, content_type, components)
         self._objects.write(bucket, name, resource, data)
         return resource
 
@@ -1048,9 +1100,13 @@ class StorageEmulator(HttpEmulator):
         hashes, and the content type Cloud Storage gives data that comes with none."""
         return self._resource(bucket, name, {}, data, "")
 
-    def _resource(self, bucket: str, name: str, metadata: dict, data: bytes, content_type: str) -> dict:
+    def _resource(
+        self, bucket: str, name: str, metadata: dict, data: bytes, content_type: str, components: int = 0
+    ) -> dict:
         """The resource of a new generation of an object: ``metadata`` (what the writer gave), and what Cloud Storage
-        adds (generation, size, hashes, times, links)."""
+        adds (generation, size, hashes, times, links). A composite object (``components``, its component count) has
+        its CRC32C and no MD5: "Composite objects do not have an MD5 hash metadata field", and "Each composite object
+        has a component count metadata field" (https://cloud.google.com/storage/docs/composite-objects)."""
         md5, crc32c = _hashes(data)
         self._generation = max(self._generation + 1, time.time_ns() // 1000)
         generation, now = self._generation, _now()
@@ -1070,13 +1126,13 @@ class StorageEmulator(HttpEmulator):
             "storageClass": metadata.get("storageClass")
             or self.state.buckets.get(bucket, {}).get("storageClass", "STANDARD"),
             "size": str(len(data)),
-            "md5Hash": md5,
             "crc32c": crc32c,
             "etag": _etag(generation, 1),
             "timeCreated": now,
             "updated": now,
             "timeStorageClassUpdated": now,
             "timeFinalized": now,
+            **({"componentCount": components} if components else {"md5Hash": md5}),
         }
 
     def _insert_object(self, http: BaseHTTPRequestHandler, bucket: str, upload: dict) -> tuple[int, dict | None, dict]:
@@ -1163,7 +1219,10 @@ class StorageEmulator(HttpEmulator):
             "Accept-Ranges": "bytes",
             "x-goog-generation": resource["generation"],
             "x-goog-metageneration": resource["metageneration"],
-            "x-goog-hash": f"crc32c={resource['crc32c']},md5={resource['md5Hash']}",
+            # a composite object's hash is its CRC32C alone (it has no MD5)
+            "x-goog-hash": ",".join(
+                f"{kind}={resource[key]}" for kind, key in (("crc32c", "crc32c"), ("md5", "md5Hash")) if key in resource
+            ),
             "x-goog-stored-content-length": resource["size"],
             "x-goog-stored-content-encoding": resource.get("contentEncoding") or "identity",
         }
@@ -1233,12 +1292,19 @@ class StorageEmulator(HttpEmulator):
             **{key: body[key] for key in (*COPIED_FIELDS, "storageClass") if key in body},
             "name": destination["object"],
         }
+        # A copy of a composite object is one: "If you rewrite a composite object to a different location or storage
+        # class, the result is a composite object with a component count of 1"
+        # (https://cloud.google.com/storage/docs/composite-objects); in the same one it keeps its components.
+        components = int(source.get("componentCount") or 0)
+        if components and body.get("storageClass") not in (None, source["storageClass"]):
+            components = 1
         resource = self._store(
             destination["bucket"],
             metadata,
             data,
             source["contentType"],
             {key: value for key, value in query.items() if key in DESTINATION_QUERY},
+            components=components,
         )
         if method == "objects.copy":
             return copy.deepcopy(resource)
@@ -1249,6 +1315,55 @@ class StorageEmulator(HttpEmulator):
             "done": True,
             "resource": copy.deepcopy(resource),
         }
+
+    def _compose_object(self, bucket: str, name: str, query: dict, body: dict) -> dict:
+        """objects.compose: the sources' data, in order, as a new generation of the composite object ``name`` in the
+        same bucket ("The source objects all must ... Be stored in the same Cloud Storage bucket", 1 to 32 of them,
+        themselves composite or not: https://cloud.google.com/storage/docs/composite-objects), each source at the
+        generation it names and under its ``objectPreconditions.ifGenerationMatch`` (412 otherwise), the destination's
+        preconditions the query's. Its metadata is the body's ``destination`` ("Any MD5 value you provide as part of a
+        compose request is ignored": the same page), its component count the sum of the sources'. A deliberate limit:
+        ``deleteSourceObjects`` is refused (400) rather than half done."""
+        unknown = sorted(set(body) - COMPOSE_FIELDS)
+        if unknown:
+            raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
+        if body.get("deleteSourceObjects"):
+            raise HttpError(400, "The emulator does not delete a composition's source objects (deleteSourceObjects).")
+        sources = body.get("sourceObjects")
+        if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_SOURCES:
+            count = len(sources) if isinstance(sources, list) else 0
+            raise HttpError(400, f"The number of source components provided ({count}) is not between 1 and 32.")
+        data, components = b"", 0
+        for source in sources:
+            if not isinstance(source, dict) or not source.get("name"):
+                raise HttpError(400, "Required: the name of every source object.", "required")
+            wanted = {
+                key: str(value)
+                for key, value in (
+                    ("generation", source.get("generation")),
+                    ("ifGenerationMatch", (source.get("objectPreconditions") or {}).get("ifGenerationMatch")),
+                )
+                if value is not None
+            }
+            stored = self._object(bucket, source["name"], wanted)
+            data += self._objects.read(bucket, source["name"], stored)
+            components += int(stored["metadata"].get("componentCount") or 1)
+        destination = {key: value for key, value in (body.get("destination") or {}).items() if key != "md5Hash"}
+        resource = self._store(
+            bucket,
+            {**destination, "name": name},
+            data,
+            "",
+            {key: value for key, value in query.items() if key in DESTINATION_QUERY},
+            components=components,
+        )
+        return copy.deepcopy(resource)
+
+
+# objects.compose's request body (https://cloud.google.com/storage/docs/json_api/v1/objects/compose#request-body)
+COMPOSE_FIELDS = {"kind", "destination", "sourceObjects", "deleteSourceObjects"}
+# "You can use between 1 and 32 source objects" (https://cloud.google.com/storage/docs/composite-objects)
+MAX_SOURCES = 32
 
 
 def _json(raw: bytes) -> dict:

@@ -390,3 +390,14 @@ def test_a_build_with_a_service_account_and_its_logs_elsewhere_runs_as_that_acco
 def test_a_build_without_a_service_account_keeps_the_default_logs_bucket(cloudbuild):
     created = client(cloudbuild).create_build(project_id=PROJECT, build=build()).metadata.build
     assert cloudbuild.state.builds[created.id].logs_bucket == f"gs://{NUMBER}.cloudbuild-logs.googleusercontent.com"
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+def test_a_create_whose_reply_is_lost_has_started_its_build(cloudbuild, code):
+    cb = client(cloudbuild)
+    cloudbuild.lose_reply("CreateBuild", code)
+    with pytest.raises(exceptions.GoogleAPICallError) as lost:
+        cb.create_build(project_id=PROJECT, build=build())
+    assert lost.value.grpc_status_code == code
+    (build_id,) = cloudbuild.builds_tagged("tpupipe-r1")  # the build started all the same
+    assert [b.id for b in cb.list_builds(project_id=PROJECT, filter='tags="tpupipe-r1"')] == [build_id]

@@ -833,3 +833,52 @@ def test_a_gzip_encoded_object_is_served_decompressed_unless_gzip_is_accepted_an
     with pytest.raises(urllib3.exceptions.ProtocolError, match="IncompleteRead"):
         cut.read()
     assert urllib3.request("GET", url, headers=auth).data == data  # the cut was one download's
+
+
+def test_a_composite_object_has_its_crc32c_and_component_count_and_no_md5_and_so_has_a_copy_of_it(gcs):
+    import google_crc32c
+
+    bucket = create(client())
+    parts = [bucket.blob(f"parts/{i}") for i in range(2)]
+    for part, data in zip(parts, (b"abc", b"def"), strict=True):
+        part.upload_from_string(data)
+    whole = bucket.blob("whole")
+    whole.compose(parts)
+    crc32c = base64.b64encode(google_crc32c.value(b"abcdef").to_bytes(4, "big")).decode()
+    assert (whole.size, whole.crc32c, whole.md5_hash, whole.component_count) == (6, crc32c, None, 2)
+    assert whole.download_as_bytes() == b"abcdef"  # checked by the client against the CRC32C alone
+    longer = bucket.blob("longer")
+    longer.compose([whole, parts[0]])  # a composite source counts its own components
+    assert (longer.component_count, longer.download_as_bytes()) == (3, b"abcdefabc")
+    copied = bucket.copy_blob(whole, bucket, "copied")
+    rewritten = bucket.blob("rewritten")
+    rewritten.rewrite(whole)
+    for each in (copied, rewritten):
+        assert (each.crc32c, each.md5_hash, each.component_count) == (crc32c, None, 2)
+    with pytest.raises(exceptions.PreconditionFailed):  # a source's precondition
+        bucket.blob("stale").compose(parts, if_source_generation_match=[parts[0].generation + 1, parts[1].generation])
+    with pytest.raises(exceptions.NotFound):
+        bucket.blob("missing").compose([bucket.blob("parts/none")])
+    with pytest.raises(exceptions.PreconditionFailed):  # the destination's
+        whole.compose(parts, if_generation_match=0)
+    assert "stale" not in gcs.objects_of("tpupipe-ckpt") and "missing" not in gcs.objects_of("tpupipe-ckpt")
+
+
+def test_a_lost_reply_took_effect_and_a_retry_with_a_generation_precondition_finds_it(gcs):
+    import requests
+
+    bucket = create(client())
+    source = bucket.blob("runs/r1/model.bin")
+    source.upload_from_string(b"weights")
+    gcs.state.calls.clear()
+    gcs.lose("objects.rewrite")
+    # A rewrite with ifGenerationMatch is retried by the client after a dropped connection
+    # (DEFAULT_RETRY_IF_GENERATION_SPECIFIED); the retry finds the first try's object and fails its precondition.
+    with pytest.raises(exceptions.PreconditionFailed):
+        bucket.blob("models/m1/model.bin").rewrite(source, if_generation_match=0)
+    assert gcs.state.calls == ["objects.rewrite"] * 2
+    assert gcs.data("tpupipe-ckpt", "models/m1/model.bin") == b"weights"
+    gcs.lose("objects.insert")
+    with pytest.raises(requests.ConnectionError):  # no precondition: not retried, though it took effect
+        bucket.blob("runs/r1/step.txt").upload_from_string(b"1", retry=None)
+    assert gcs.data("tpupipe-ckpt", "runs/r1/step.txt") == b"1"

@@ -774,6 +774,22 @@ def test_transient_compute_errors_are_retried(tmp_path, project_factory):
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
 
 
+def test_rate_limits_and_server_errors_of_compute_are_retried(tmp_path, project_factory):
+    """Compute Engine speaks REST: a rate limit is HTTP 429 (api_core's TooManyRequests, not gRPC's
+    ResourceExhausted), and a server or gateway error 500 or 502; each passes with time
+    (https://cloud.google.com/storage/docs/retry-strategy), so each is asked again."""
+    project = project_factory()
+    project.compute.fail("networks.insert", 429, message="Rate Limit Exceeded")
+    project.compute.fail("subnetworks.insert", 500)
+    project.compute.fail("networks.delete", 502)
+    ctx = context(tmp_path, "throttled", DCN_SLICES)
+    platform().provision(ctx)
+    assert len(project.compute.names("networks")) == 2
+    assert project.compute.state.calls.count("networks.insert") == 3  # one 429, then the two networks
+    platform().teardown(ctx)
+    assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+
+
 def test_sigterm_while_provision_waits_cancels_the_operation_and_teardown_leaves_nothing(tmp_path, project_factory):
     import os
     import signal
@@ -1015,6 +1031,18 @@ def test_a_later_run_of_the_same_sources_reuses_the_image_and_its_compile_cache(
     rebuilt = platform().build_image(context(tmp_path, "changed", BUILD))
     assert rebuilt["built"] and rebuilt["digest"] != first["digest"]
     assert len([i for i in project.registry.state.images if i.startswith(tagged)]) == 2
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+def test_a_create_build_whose_reply_was_lost_is_followed_not_started_twice(tmp_path, project_factory, code):
+    """CreateBuild takes effect and its reply is lost: before asking again the build is looked up by the run's tag,
+    and the one the lost reply started is waited on; a second would push the run's tag again (immutable)."""
+    project = project_factory()
+    project.cloudbuild.lose_reply("CreateBuild", code)
+    result = platform().build_image(context(tmp_path, "lostbuild", BUILD))
+    (build,) = project.cloudbuild.state.builds.values()
+    assert build.status.name == "SUCCESS" and result["built"] and result["build"] == build.id
+    assert project.cloudbuild.state.calls.count("CreateBuild") == 1
 
 
 def test_a_repository_that_is_not_for_docker_images_is_refused(tmp_path, project_factory):

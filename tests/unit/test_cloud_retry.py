@@ -1,0 +1,128 @@
+"""Which Google Cloud errors the shared retry asks again (components/cloud/errors.py): the exceptions google-api-core
+makes of an HTTP answer (``from_http_response``, as every REST client raises them) and of a gRPC status, and the
+policy's backoff and attempt limit; one gRPC status through a real client, against the Cloud Build emulator."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+import requests
+from google.api_core import exceptions
+
+from components.cloud.errors import GkeError, RetryPolicy, call_with_retry, is_transient
+
+URL = "https://compute.googleapis.com/compute/v1/projects/tpupipe-emulated/global/networks"
+
+
+def rest_error(status: int, reason: str = "") -> exceptions.GoogleAPICallError:
+    """What api_core raises for an HTTP answer of ``status`` in Google's JSON error shape, with an ErrorInfo
+    ``reason`` when given (https://cloud.google.com/apis/design/errors)."""
+    error: dict = {"code": status, "message": f"HTTP {status}", "errors": [{"message": f"HTTP {status}"}]}
+    if reason:
+        error["details"] = [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "googleapis.com"}
+        ]
+    response = requests.Response()
+    response.status_code = status
+    response._content = json.dumps({"error": error}).encode()
+    response.request = requests.Request("POST", URL).prepare()
+    return exceptions.from_http_response(response)
+
+
+def test_api_core_raises_an_http_429_as_too_many_requests_not_resource_exhausted():
+    assert type(rest_error(429)) is exceptions.TooManyRequests
+    assert type(rest_error(500)) is exceptions.InternalServerError
+    assert type(rest_error(502)) is exceptions.BadGateway
+    assert type(rest_error(408)) is exceptions.GoogleAPICallError and rest_error(408).code == 408
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
+def test_the_http_statuses_google_lists_as_transient_are(status):
+    assert is_transient(rest_error(status))
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 412, 501])
+def test_other_http_statuses_are_not(status):
+    assert not is_transient(rest_error(status))
+
+
+def test_an_http_429_that_names_a_quota_is_not_asked_again():
+    assert not is_transient(rest_error(429, "RESOURCE_QUOTA_EXCEEDED"))
+    assert is_transient(rest_error(429, "RATE_LIMIT_EXCEEDED"))
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "transient"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "", True),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "", True),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "RATE_LIMIT_EXCEEDED", True),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "", False),  # a quota: the user's to raise
+        (grpc.StatusCode.INTERNAL, "", False),  # api_core's class of HTTP 500, but not an HTTP answer
+        (grpc.StatusCode.FAILED_PRECONDITION, "", False),
+    ],
+)
+def test_grpc_statuses(code, reason, transient):
+    error_info = {"reason": reason} if reason else None
+    assert is_transient(exceptions.from_grpc_status(code, "status", error_info=error_info)) is transient
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502])
+def test_a_transient_http_answer_is_asked_again_with_the_policys_backoff(status):
+    failures = [rest_error(status), rest_error(status)]
+    sleeps: list[float] = []
+    lines: list[str] = []
+
+    def call() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    policy = RetryPolicy(attempts=5, initial_s=1.0, multiplier=2.0, max_s=30.0)
+    assert call_with_retry("create network", call, policy, lines.append, sleeps.append) == "done"
+    assert sleeps == [1.0, 2.0] and len(lines) == 2 and "(attempt 2/5)" in lines[0]
+
+
+def test_the_attempts_are_limited_and_the_delay_capped():
+    sleeps: list[float] = []
+    tries: list[int] = []
+
+    def call() -> None:
+        tries.append(1)
+        raise rest_error(429)
+
+    policy = RetryPolicy(attempts=4, initial_s=1.0, multiplier=2.0, max_s=3.0)
+    with pytest.raises(GkeError, match="create network: still TooManyRequests after 4 attempts"):
+        call_with_retry("create network", call, policy, lambda line: None, sleeps.append)
+    assert len(tries) == 4 and sleeps == [1.0, 2.0, 3.0]
+
+
+def test_a_permanent_error_is_raised_at_once():
+    tries: list[int] = []
+
+    def call() -> None:
+        tries.append(1)
+        raise rest_error(403)
+
+    with pytest.raises(exceptions.Forbidden):
+        call_with_retry("create network", call, RetryPolicy(), lambda line: None, lambda s: None)
+    assert tries == [1]
+
+
+def test_internal_over_grpc_is_not_asked_again(monkeypatch):
+    """gRPC's INTERNAL, through the real google-cloud-build client: one call, raised as it came."""
+    from components.cloud.build import EMULATOR_HOST_ENV, CloudBuild, client
+    from tests.emulators.cloudbuild import CloudBuildEmulator
+
+    emulator = CloudBuildEmulator()
+    monkeypatch.setenv(EMULATOR_HOST_ENV, emulator.start())
+    try:
+        builds = CloudBuild(client(), "tpupipe-emulated", "us-east5", log=lambda line: None, sleep=lambda s: None)
+        emulator.fail("ListBuilds", grpc.StatusCode.INTERNAL, "backend error")
+        with pytest.raises(exceptions.InternalServerError, match="backend error"):
+            builds.find("tpupipe-run-r1")
+        assert emulator.state.calls == ["ListBuilds"]
+    finally:
+        emulator.stop()
