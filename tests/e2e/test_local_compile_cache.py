@@ -14,7 +14,9 @@ from tests.helpers import tpupipe_cmd, unique_run_id
 
 pytestmark = pytest.mark.e2e
 PLANTED = b"\x7fELF a program the training job planted" * 4
-SHORT = "maxtext.steps=6"  # enough steps for the pair: every program is compiled in the first
+# Enough steps for the pair (every program is compiled in the first), and no answers: the decode's programs are the
+# engine's own, which tests/e2e/test_local_maxtext.py's run answers with.
+SHORT = "maxtext.steps=6 eval.generate_examples=0"
 
 
 def run(root, run_id) -> None:
