@@ -1266,7 +1266,8 @@ def account_roles(dataset: str, project: str, account: str, creds=None, entries:
     try:
         mine = (account, member, ALL_AUTHENTICATED)
         for entry in dataset_access(client(project, creds), dataset) if entries is None else entries:
-            group = PROJECT_GROUPS.get(entry.entity_id, "")
+            # an authorized view's, routine's or dataset's entry names it by an object: no account, no group
+            group = PROJECT_GROUPS.get(entry.entity_id, "") if isinstance(entry.entity_id, str) else ""
             if not entry.role:
                 continue
             if entry.entity_id in mine or group in basic:
