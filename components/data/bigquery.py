@@ -152,7 +152,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from components.cloud.credentials import (
     USERINFO_URI,
@@ -164,10 +164,17 @@ from components.cloud.credentials import (
     named_email,
 )
 from components.data.drops import NoDrop
+from components.data.records import TableSnapshot
 from components.spec import InfraError, SpecError
 from components.spec.datasets import TABLE_CATEGORIES, row_filter
 from components.spec.names import PROJECT_ID_PATTERN
 from components.spec.run_spec import TrainSpec
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import bigquery
+    from google.cloud.bigquery_storage_v1 import BigQueryReadClient
+    from google.cloud.bigquery_storage_v1.types import ReadRowsResponse
 
 EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_EMULATOR_HOST"
 STORAGE_EMULATOR_HOST_ENV = "TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST"
@@ -320,7 +327,7 @@ def parse_table(uri: str, field: str) -> str:
     return path
 
 
-def client(project: str, creds=None):
+def client(project: str, creds: Credentials | None = None) -> bigquery.Client:
     """A ``bigquery.Client`` whose jobs run (and are billed) in ``project``: at $TPUPIPE_BIGQUERY_EMULATOR_HOST when
     set, else at Google's endpoint, with the Google credentials (``components.cloud.credentials``)."""
     from google.cloud import bigquery
@@ -328,7 +335,7 @@ def client(project: str, creds=None):
     return google_client(bigquery.Client, EMULATOR_HOST_ENV, creds=creds, project=project)
 
 
-def read_client(creds: Any) -> Any:
+def read_client(creds: Credentials | None) -> BigQueryReadClient:
     """A ``BigQueryReadClient`` (the Storage Read API): at Google's endpoint with ``creds``, or at
     $TPUPIPE_BIGQUERY_STORAGE_EMULATOR_HOST when set, over a plaintext channel that carries no Google credentials: as
     every gRPC emulator is reached (``google_client``), with the emulators' own static token alone
@@ -336,7 +343,8 @@ def read_client(creds: Any) -> Any:
     from google.cloud import bigquery_storage_v1
 
     if not os.environ.get(STORAGE_EMULATOR_HOST_ENV):
-        return bigquery_storage_v1.BigQueryReadClient(credentials=creds)
+        # google-cloud-bigquery-storage's BigQueryReadClient.__init__ is unannotated (here and below)
+        return bigquery_storage_v1.BigQueryReadClient(credentials=creds)  # type: ignore[no-untyped-call]
     token = emulator_token()
     if not token:
         return google_client(
@@ -353,7 +361,8 @@ def read_client(creds: Any) -> Any:
         wait_for_ready: Any
         compression: Any
 
-    class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    # grpc ships no type information: its interceptor classes are Any here
+    class Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
         def _with_token(self, details: Any) -> Details:
             metadata = [*(details.metadata or ()), ("authorization", f"Bearer {token}")]
             return Details(
@@ -368,7 +377,8 @@ def read_client(creds: Any) -> Any:
             return continuation(self._with_token(details), request)
 
     channel = grpc.intercept_channel(grpc.insecure_channel(os.environ[STORAGE_EMULATOR_HOST_ENV]), Bearer())
-    return bigquery_storage_v1.BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=channel))
+    transport = BigQueryReadGrpcTransport(channel=channel)
+    return bigquery_storage_v1.BigQueryReadClient(transport=transport)  # type: ignore[no-untyped-call]
 
 
 def snapshot(
@@ -379,13 +389,13 @@ def snapshot(
     filter: str = "",
     time_column: str = "",
     after: str | None = None,
-    since: dict | None = None,
+    since: TableSnapshot | None = None,
     incremental: bool = False,
     required: tuple[str, ...] = REQUIRED,
     project: str = "",
     results_dataset: str = TrainSpec.bigquery_results_dataset,
     log: Callable[[str], None] = print,
-) -> dict:
+) -> TableSnapshot:
     """The table (``PROJECT.DATASET.TABLE``) as of ``at`` (time-zone aware, not in the future), checked, with its
     read: a JSON-able dict that :func:`rows` reads, ``{"table", "project" (where the session and the queries are
     billed: ``project``, else the table's), "snapshot_time" (``at`` in UTC, ISO 8601 with ``Z``), "num_rows" (counted
@@ -468,7 +478,7 @@ def snapshot(
                 time_field,
                 f"{time_column} is {schema[time_column]}: an ingestion time is TIMESTAMP, DATETIME, DATE or INT64",
             )
-    snap: dict[str, Any] = {
+    snap: TableSnapshot = {
         "table": table,
         "project": billing,
         "snapshot_time": _stamp(at),
@@ -486,7 +496,7 @@ def snapshot(
         refused = _appends_refusal(bq, found, snap, since, creds)
         if not refused:
             results = _results_dataset(bq, billing, results_dataset, found.location or "", table, creds, log)
-            snap.update(after=None, appended_after=since["snapshot_time"], results_dataset=results)
+            snap["after"], snap["appended_after"], snap["results_dataset"] = None, since["snapshot_time"], results
             return snap
         late = f"{time_column} not past {after}" if after else f"an old {time_column}"
         log(
@@ -498,7 +508,8 @@ def snapshot(
     try:
         session = reader.create_read_session(
             parent=f"projects/{billing}",
-            read_session={
+            # proto-plus takes a message as a dict (its marshal), which the client's annotation does not say
+            read_session={  # type: ignore[arg-type]
                 "table": _table_path(table),
                 "data_format": "ARROW",
                 "table_modifiers": {"snapshot_time": at},
@@ -517,7 +528,7 @@ def snapshot(
     return snap
 
 
-def rows(snap: dict, *, field: str, log: Callable[[str], None] = print) -> Iterator[dict]:
+def rows(snap: TableSnapshot, *, field: str, log: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
     """Every row of the snapshot ``snap`` (:func:`snapshot`'s answer), each a dict of JSON-able values (times as ISO
     8601 text, NUMERIC as text, BYTES as base64), streamed as they come: its session's streams in stream order (read
     in parallel: :func:`_stream_rows`), an Arrow record batch at a time, or the APPENDS query's result table's, read
@@ -535,7 +546,7 @@ def rows(snap: dict, *, field: str, log: Callable[[str], None] = print) -> Itera
         raise SpecError(field, f"{snap['table']} has no rows{_matching(snap, field)} as of {snap['snapshot_time']}")
 
 
-def _checked(source: Iterator[dict], snap: dict, field: str) -> Iterator[dict]:
+def _checked(source: Iterator[dict[str, Any]], snap: TableSnapshot, field: str) -> Iterator[dict[str, Any]]:
     """``source``'s rows as JSON-able dicts, each checked for what the formatter needs and counted into ``snap``, the
     largest time column's value kept in ``snap["max_time"]`` once they are all read."""
     largest = None
@@ -556,7 +567,7 @@ def _checked(source: Iterator[dict], snap: dict, field: str) -> Iterator[dict]:
     snap["max_time"] = _text(largest)
 
 
-def latest(snap: dict, other: str | None) -> str | None:
+def latest(snap: TableSnapshot, other: str | None) -> str | None:
     """The later of ``snap``'s ``max_time`` (once its rows are read) and ``other`` (an earlier snapshot's), by the
     time column's type; None when neither is set."""
     times = [t for t in (snap["max_time"], other) if t is not None]
@@ -565,13 +576,29 @@ def latest(snap: dict, other: str | None) -> str | None:
     return max(times, key=lambda t: _typed(snap["time_type"], t, "max_time"))
 
 
-def _streamed(snap: dict, creds) -> Generator[dict, None, None]:
+def _streamed(snap: TableSnapshot, creds: Credentials) -> Generator[dict[str, Any], None, None]:
     """The session's rows in stream order (:func:`_stream_rows`), each record batch read with the session's Arrow
     schema (``arrow_schema``, kept from CreateReadSession's answer: arrow.proto's ArrowSchema)."""
     yield from _stream_rows(read_client(creds), snap["streams"], base64.b64decode(snap["arrow_schema"]))
 
 
-def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterator[dict]:
+class RowsCall(Protocol):
+    """A stream's ``ReadRows`` call as the client answers it (``ReadRowsStream``, google/cloud/bigquery_storage_v1/
+    reader.py: unannotated): its responses as they come, and ``cancel``."""
+
+    def __iter__(self) -> Iterator[ReadRowsResponse]: ...
+
+    def cancel(self) -> None: ...
+
+
+class RowsReader(Protocol):
+    """What the streams' readers use of a ``BigQueryReadClient``: its ``read_rows``, unannotated in
+    google/cloud/bigquery_storage_v1/client.py."""
+
+    def read_rows(self, name: str) -> RowsCall: ...
+
+
+def _stream_rows(reader: RowsReader, streams: list[str], serialized_schema: bytes) -> Iterator[dict[str, Any]]:
     """The rows of a read session's ``streams`` in stream order: every row of the first stream, then every row of
     the second, and so on, whatever order the streams' responses come in. The streams are read in parallel, as the
     Storage Read API means them to be ("Multiple Streams": disjoint sets of rows, for "independent consumer threads
@@ -591,7 +618,7 @@ def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterat
 
     schema = pa.ipc.read_schema(pa.py_buffer(serialized_schema))
     stop = threading.Event()
-    calls: list[Any] = []  # each stream's ReadRowsStream, once its thread has opened it
+    calls: list[RowsCall] = []  # each stream's ReadRowsStream, once its thread has opened it
     queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=BATCHES) for _ in streams]
     threads = [
         threading.Thread(
@@ -621,7 +648,9 @@ def _stream_rows(reader, streams: list[str], serialized_schema: bytes) -> Iterat
 _END = object()  # what a stream's reader thread puts after the stream's last record batch
 
 
-def _read_stream(reader, stream: str, schema: Any, out: queue.Queue[Any], stop: threading.Event, calls: list) -> None:
+def _read_stream(
+    reader: RowsReader, stream: str, schema: Any, out: queue.Queue[Any], stop: threading.Event, calls: list[RowsCall]
+) -> None:
     """A stream's reader thread: ``ReadRows`` of ``stream`` (its ReadRowsStream added to ``calls``, for the consumer
     to cancel), each response's record batch (``arrow_record_batch``) decoded with ``schema`` and put into ``out``
     once there is room, then ``_END``; or, in their place, what the read raised. Once ``stop`` is set it puts nothing
@@ -658,7 +687,9 @@ def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Generator[dict, None, None]:
+def _appended(
+    snap: TableSnapshot, field: str, creds: Credentials, log: Callable[[str], None]
+) -> Generator[dict[str, Any], None, None]:
     """The rows committed in ``[appended_after + 1 µs, snapshot_time + 1 µs)``: APPENDS, in a query job billed in
     the snapshot's project, with its filter as query parameters, its result written to a table of its own in the
     results dataset (``snap["results_dataset"]``: the module's docstring), ``appends_<hex>`` with ``WRITE_EMPTY``,
@@ -720,9 +751,9 @@ def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Gene
             written.expires = datetime.now(UTC) + RESULTS_TABLE_LIFE
             bq.update_table(written, ["expires"])
             reader = read_client(creds)
-            session = reader.create_read_session(
+            session = reader.create_read_session(  # the session as a dict, as in snapshot
                 parent=f"projects/{snap['project']}",
-                read_session={"table": _table_path(destination), "data_format": "ARROW"},
+                read_session={"table": _table_path(destination), "data_format": "ARROW"},  # type: ignore[arg-type]
                 max_stream_count=STREAMS,
             )
         except _failures() as exc:
@@ -742,7 +773,9 @@ def _appended(snap: dict, field: str, creds, log: Callable[[str], None]) -> Gene
         _drop(bq, destination, results, creds, whole, log)
 
 
-def _drop(bq, table: str, results: str, creds, whole: bool, log: Callable[[str], None]) -> None:
+def _drop(
+    bq: bigquery.Client, table: str, results: str, creds: Credentials, whole: bool, log: Callable[[str], None]
+) -> None:
     """Delete the results table ``table`` of the dataset ``results`` (tables.delete, ``Client.delete_table``: one the
     job never wrote is not found, which is no error). A failure leaves the table to its ``expirationTime`` (and its
     dataset's default table expiration, which every results dataset has: :func:`_results_dataset`): after a whole
@@ -780,7 +813,7 @@ def identity_tag(email: str) -> str:
     return hashlib.sha256(email.strip().lower().encode()).hexdigest()[:IDENTITY_HEX]
 
 
-def results_access(owner: str) -> list:
+def results_access(owner: str) -> list[bigquery.AccessEntry]:
     """The access list of an identity's own results dataset (the comment above ``OPEN_GROUPS``): ``owner`` (its
     e-mail) as OWNER, alone; an ``AccessEntry`` of ``userByEmail`` ("An email address of a user to grant access to",
     a service account's too: Dataset.access)."""
@@ -789,7 +822,7 @@ def results_access(owner: str) -> list:
     return [AccessEntry("OWNER", "userByEmail", owner)]
 
 
-def open_access(entries: list) -> list[str]:
+def open_access(entries: list[bigquery.AccessEntry]) -> list[str]:
     """Of a dataset's access entries (``AccessEntry``), each that lets others than named identities read or write its
     tables (``OPEN_GROUPS``), as ``ROLE to GROUP (who they are)``."""
     return [
@@ -799,12 +832,12 @@ def open_access(entries: list) -> list[str]:
     ]
 
 
-def shared_access(entries: list, owner: str = "") -> list[str]:
+def shared_access(entries: list[bigquery.AccessEntry], owner: str = "") -> list[str]:
     """Of a dataset's access entries (``AccessEntry``), each that shares its tables with a domain or a Google group
     (``SHARED_ENTITIES``), as ``ROLE to KIND NAME (who they are)``; with ``owner`` (the e-mail of the identity whose
     own dataset it is), also each other account or special group that is not open (:func:`open_access` names those),
     as ``ROLE to NAME``: its own dataset is its alone."""
-    shared = []
+    shared: list[str] = []
     for entry in entries:
         kind = entry.entity_type
         if not entry.role:
@@ -839,7 +872,13 @@ def make_steps(dataset: str, location: str, users: str) -> str:
 
 
 def _results_dataset(
-    bq, project: str, setting: str, location: str, table: str, creds, log: Callable[[str], None]
+    bq: bigquery.Client,
+    project: str,
+    setting: str,
+    location: str,
+    table: str,
+    creds: Credentials,
+    log: Callable[[str], None],
 ) -> str:
     """The results dataset (``PROJECT.DATASET``) of ``project`` (the jobs') where the APPENDS query of ``table`` (in
     ``location``) writes its result, looked up (datasets.get) before any query: ``setting`` when it names one, a
@@ -923,7 +962,7 @@ def bq_name(dataset: str) -> str:
     return f"{project}:{name}"
 
 
-def _create_results(bq, dataset: str, location: str, owner: str) -> Any:
+def _create_results(bq: bigquery.Client, dataset: str, location: str, owner: str) -> bigquery.Dataset:
     """The identity's own results dataset ``dataset``, created (``_results_dataset``), or the one a Conflict says is
     there (another read of the same identity made it since the lookup), looked up."""
     from google.api_core import exceptions as gexc
@@ -984,7 +1023,7 @@ def refused(exc: Exception) -> bool:
     )
 
 
-def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
+def _results_refusal(exc: Exception, dataset: str, creds: Credentials | None) -> SpecError | None:
     """A SpecError naming ``RESULTS_FIELD`` for ``exc``, a refusal about the results dataset ``dataset``
     (``PROJECT.DATASET``): to create it (``bigquery.datasets.create`` on its project), to see it, or to write, change,
     read or delete a table in it (``RESULTS_PERMISSIONS``), with what BigQuery said; None for any other failure (a
@@ -1018,7 +1057,9 @@ def _results_refusal(exc: Exception, dataset: str, creds) -> SpecError | None:
     )  # fmt: skip
 
 
-def _appends_refusal(bq, found, snap: dict, since: dict, creds) -> str:
+def _appends_refusal(
+    bq: bigquery.Client, found: bigquery.Table, snap: TableSnapshot, since: TableSnapshot, creds: Credentials
+) -> str:
     """Why APPENDS cannot read what was committed since ``since`` (the champion's snapshot): "" when it can."""
     if (since.get("table"), since.get("filter") or "") != (snap["table"], snap["filter"]):
         return (
@@ -1061,11 +1102,11 @@ def _stamp(at: datetime) -> str:
     return at.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def _matching(snap: dict, field: str) -> str:
+def _matching(snap: TableSnapshot, field: str) -> str:
     return f" matching {field}_filter {snap['filter']!r}" if snap["filter"] else ""
 
 
-def _restriction(snap: dict, time_field: str) -> str:
+def _restriction(snap: TableSnapshot, time_field: str) -> str:
     """The session's row_restriction: ``COLUMN = LITERAL`` for each pair of the filter, ``TIME > LITERAL`` for
     ``after``, joined by AND; "" for none."""
     conditions = []
@@ -1171,7 +1212,7 @@ def dataset_exists(dataset: str, project: str, *, field: str = "train.dataset") 
         raise _refusal(exc, field, dataset, project, creds, "", "") from None
 
 
-def dataset_location(dataset: str, project: str, creds=None) -> str | None:
+def dataset_location(dataset: str, project: str, creds: Credentials | None = None) -> str | None:
     """The location of the dataset ``PROJECT.DATASET`` ("" when it says none), None when it does not exist, asked of
     datasets.get (``Client.get_dataset``, which needs ``bigquery.datasets.get``, held by roles/bigquery.dataViewer,
     every role that reads a table, and roles/bigquery.user:
@@ -1233,7 +1274,13 @@ class AccountRoles(NamedTuple):
     reading_conditional: dict[str, set[str]]
 
 
-def account_roles(dataset: str, project: str, account: str, creds=None, entries: list | None = None) -> AccountRoles:
+def account_roles(
+    dataset: str,
+    project: str,
+    account: str,
+    creds: Credentials | None = None,
+    entries: list[bigquery.AccessEntry] | None = None,
+) -> AccountRoles:
     """The roles the service account ``account`` (an email) holds on ``project`` and those it holds on ``dataset``
     (``PROJECT.DATASET``: a table's, whose rows it reads; the APPENDS query's results dataset, whose tables it
     writes), on the dataset itself or its project: from the project IAM policies (Resource Manager's
@@ -1266,7 +1313,8 @@ def account_roles(dataset: str, project: str, account: str, creds=None, entries:
     try:
         mine = (account, member, ALL_AUTHENTICATED)
         for entry in dataset_access(client(project, creds), dataset) if entries is None else entries:
-            group = PROJECT_GROUPS.get(entry.entity_id, "")
+            # an authorized view's, routine's or dataset's entry names it by an object: no account, no group
+            group = PROJECT_GROUPS.get(entry.entity_id, "") if isinstance(entry.entity_id, str) else ""
             if not entry.role:
                 continue
             if entry.entity_id in mine or group in basic:
@@ -1289,12 +1337,12 @@ def account_roles(dataset: str, project: str, account: str, creds=None, entries:
     return AccountRoles(held(project)[0], on_dataset | basic, unread, held(project)[1], reading_conditional)
 
 
-def dataset_access(bq, dataset: str) -> list:
+def dataset_access(bq: bigquery.Client, dataset: str) -> list[bigquery.AccessEntry]:
     """The dataset's access list (``PROJECT.DATASET``) as ``AccessEntry`` objects (:func:`dataset_resource`)."""
     return list(dataset_resource(bq, dataset).access_entries)
 
 
-def dataset_resource(bq, dataset: str) -> Any:
+def dataset_resource(bq: bigquery.Client, dataset: str) -> bigquery.Dataset:
     """The dataset (``PROJECT.DATASET``) as a ``Dataset``, its access list read with datasets.get at
     ``accessPolicyVersion=3``: "Requests for conditional access policy binding in datasets must specify version 3";
     below it an entry with a condition comes back without it, its role suffixed with ``withcond`` and a hash
@@ -1359,7 +1407,8 @@ def _failures() -> tuple[type[Exception], ...]:
 
 def _typed(kind: str, text: str, field: str, column: str = "") -> Any:
     """``text`` as the Python value of a query parameter of type ``kind`` (a schema type, legacy names too): ``after``
-    (the text :func:`_text` wrote) or a filter's value for ``column``; a SpecError naming ``field`` otherwise."""
+    (the text :func:`_text` wrote) or a filter's value for ``column``; a SpecError naming ``field`` otherwise. Its type
+    follows ``kind``, a run-time string (str, int, float, Decimal, bool, date or datetime): Any to mypy."""
     kind = PARAMETER_TYPES.get(kind, kind)
     try:
         if kind == "STRING":
@@ -1417,7 +1466,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _refusal(exc: Exception, field: str, table: str, project: str, creds, filter_field: str, filter: str) -> Exception:
+def _refusal(
+    exc: Exception, field: str, table: str, project: str, creds: Credentials | None, filter_field: str, filter: str
+) -> Exception:
     """What to raise for ``exc``, a failed call about ``table``: a SpecError naming the field at fault when the input
     is, the AccessError of credentials refused or an API not enabled, else ``exc`` itself."""
     from google.api_core import exceptions as gexc
@@ -1526,7 +1577,7 @@ def _said(exc: Exception) -> str:
     return str(first.get("message") or getattr(exc, "message", "") or exc).strip().splitlines()[0]
 
 
-def _identity(creds) -> str:
+def _identity(creds: Credentials | None) -> str:
     """The account the credentials act as, when they say (a service account's e-mail, a user's account), asking no
     one (``named_email``)."""
     return named_email(creds)

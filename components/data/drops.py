@@ -34,8 +34,9 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Callable
-from typing import Any, BinaryIO
+from collections.abc import Buffer, Callable, Mapping
+from datetime import datetime
+from typing import BinaryIO
 
 from components.spec import SpecError, datasets
 
@@ -76,9 +77,9 @@ def dated_parent(template: str) -> str:
     return template[: template.rfind("/", 0, at) + 1] if at >= 0 else ""
 
 
-def check_ready(
-    names: dict[str, Any],
-    marker: Callable[[str], Any],
+def check_ready[T: (float, datetime)](
+    names: Mapping[str, T | None],
+    marker: Callable[[str], T | None],
     top: str,
     ready: str,
     *,
@@ -96,7 +97,7 @@ def check_ready(
     markers (``shown``: a name as the user writes it) when no data file has one, or a file directly in ``top`` lacks
     it (the drop itself is not ready)."""
     missing: dict[str, list[str]] = {}
-    late = set()
+    late: set[str] = set()
     for name, updated in names.items():
         here = where = marker_dir(name)
         written = marker(where)
@@ -138,7 +139,7 @@ def decompress(name: str, stream: BinaryIO, key: str) -> tuple[str, BinaryIO]:
     https://cloud.google.com/storage/docs/transcoding) is taken as it is."""
     if not name.endswith(".gz"):
         return name, stream
-    if stream.peek(2)[:2] != GZIP_MAGIC:  # type: ignore[attr-defined]
+    if stream.peek(2)[:2] != GZIP_MAGIC:  # type: ignore[attr-defined]  # a buffered stream's; BinaryIO names no peek
         return name[:-3], stream
     return name[:-3], inflated(stream, name, key)
 
@@ -159,7 +160,7 @@ class _Inflated(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, into) -> int:  # type: ignore[override]
+    def readinto(self, into: Buffer) -> int:
         try:
             n = self.gz.readinto(into)
         except EOFError:  # the stream ended inside a member: the object was cut short when written

@@ -26,11 +26,21 @@ import io
 import itertools
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Buffer, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, BinaryIO
 
 from components.cloud.credentials import storage_client
+from components.data.records import Item
 from components.spec import InfraError, SpecError
+
+if TYPE_CHECKING:
+    import urllib3
+    from google.auth.credentials import Credentials
+
+    # google-cloud-storage ships no type information: its names are Any to mypy (pyproject.toml's overrides)
+    from google.cloud.storage import Blob, Client
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
 READ_PERMISSIONS = ("storage.objects.list", "storage.objects.get")
@@ -56,7 +66,7 @@ class SnapshotChanged(InfraError):
     """A pinned generation is no longer there: the object was replaced or deleted after the run's snapshot."""
 
 
-def _client():
+def _client() -> Client:
     """The Cloud Storage client, with the project's Google credentials (google-cloud-storage itself honours
     ``STORAGE_EMULATOR_HOST``). No project: reading and copying objects bills the buckets' own."""
     return storage_client(None)
@@ -105,7 +115,7 @@ def _check_bucket(bucket: str, uri: str, field: str) -> None:
         )
 
 
-def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[dict]:
+def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[Item]:
     """The objects ``uri`` means, pinned: ``{"uri": "gs://b/name", "generation": "G", "size": N, "crc32c": "…",
     "updated": "RFC 3339"}`` each, by name; of a prefix or a glob only the data objects (``DATA_SUFFIXES``) that are
     not hidden (``drops.hidden``: a path segment below the prefix that starts with ``_`` or ``.``, as Spark's
@@ -120,16 +130,16 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
 
     bucket, prefix, glob = parse(uri, field)
     client = _client()
-    found: list[dict] = []  # each blob made an entry as its page comes: no page is held longer
-    times: dict[str, object] = {}  # each data object's update time, for its marker
-    markers: dict[str, object] = {}  # the directories' markers the listing met, by directory: their update times
+    found: list[Item] = []  # each blob made an entry as its page comes: no page is held longer
+    times: dict[str, datetime | None] = {}  # each data object's update time, for its marker
+    markers: dict[str, datetime | None] = {}  # the directories' markers the listing met, by directory: their times
     others: list[str] = []  # the first few objects that are not data, for the error that none is
     skipped = hidden = 0
     top = drops.marker_dir(prefix)  # what the hidden segments are counted below, and the markers looked for up to
     try:
         if not glob and prefix and not prefix.endswith("/"):
-            found = [_one(client, bucket, prefix, uri, field)]
-            times[prefix] = found[0].pop("_updated")
+            entry, times[prefix] = _one(client, bucket, prefix, uri, field)
+            found = [entry]
         else:
             for blob in client.list_blobs(bucket, prefix=prefix or None, match_glob=glob or None):
                 marker = bool(ready) and blob.name.rsplit("/", 1)[-1] == ready  # any name: _SUCCESS, DONE, ...
@@ -140,8 +150,8 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
                 elif marker:
                     continue
                 elif blob.name.endswith(DATA_SUFFIXES):
-                    found.append(_entry(bucket, blob))
-                    times[blob.name] = found[-1].pop("_updated")
+                    entry, times[blob.name] = _entry(bucket, blob)
+                    found.append(entry)
                 else:
                     skipped += 1
                     others += [blob.name][: 3 - len(others)]
@@ -160,7 +170,7 @@ def list_objects(uri: str, *, field: str, ready: str = "", log: Callable[[str], 
         if ready:  # a prefix's listing met every marker under it; a glob's or one object's are asked for
             listed = not glob and prefix.endswith("/") or not prefix
 
-            def marker(directory: str):
+            def marker(directory: str) -> datetime | None:
                 if directory not in markers and not listed:
                     blob = client.bucket(bucket).get_blob(directory + ready)
                     markers[directory] = blob.time_created if blob is not None else None
@@ -193,8 +203,9 @@ def has_objects(uri: str, field: str) -> bool:
         raise SpecError(field, f"{uri}: the bucket {bucket} does not exist") from None
 
 
-def _one(client, bucket: str, name: str, uri: str, field: str) -> dict:
-    """The one object ``name``, pinned; ``drops.NoDrop`` when it is not there, SpecError when it is no data file."""
+def _one(client: Client, bucket: str, name: str, uri: str, field: str) -> tuple[Item, datetime | None]:
+    """The one object ``name``, pinned (:func:`_entry`); ``drops.NoDrop`` when it is not there, SpecError when it is
+    no data file."""
     from components.data import drops
 
     blob = client.bucket(bucket).get_blob(name)  # None for a 404: no such object, or no such bucket
@@ -207,23 +218,23 @@ def _one(client, bucket: str, name: str, uri: str, field: str) -> dict:
     return _entry(bucket, blob)
 
 
-def _entry(bucket: str, blob) -> dict:
+def _entry(bucket: str, blob: Blob) -> tuple[Item, datetime | None]:
+    """The object's entry, and when this generation was written, for its marker: ``timeCreated``, new with each
+    generation, not ``updated``, which a metadata change alone moves
+    (https://cloud.google.com/storage/docs/json_api/v1/objects#resource)."""
     # RFC 3339 in UTC, to the millisecond, as the API writes it
     updated = blob.updated.isoformat(timespec="milliseconds").replace("+00:00", "Z") if blob.updated else ""
-    return {
+    entry: Item = {
         "uri": f"gs://{bucket}/{blob.name}",
         "generation": str(blob.generation),
         "size": int(blob.size or 0),
         "crc32c": blob.crc32c or "",
         "updated": updated,
-        # When this generation was written, for its marker (list_objects takes it out): ``timeCreated``, new with each
-        # generation, not ``updated``, which a metadata change alone moves
-        # (https://cloud.google.com/storage/docs/json_api/v1/objects#resource).
-        "_updated": blob.time_created,
     }
+    return entry, blob.time_created
 
 
-def _refused(client, bucket: str, uri: str, field: str, exc) -> SpecError:
+def _refused(client: Client, bucket: str, uri: str, field: str, exc: Exception) -> SpecError:
     who = caller(getattr(client, "_credentials", None))
     said = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
     return SpecError(
@@ -239,7 +250,7 @@ def read_hint(bucket: str, member: str = "") -> str:
     )
 
 
-def caller(creds) -> str:
+def caller(creds: object) -> str:
     """The IAM member the credentials act as, where they say it (a service account's email, the account gcloud
     logged in); "" where they do not (a bare token, a metadata server's account before its first refresh)."""
     email = getattr(creds, "service_account_email", None)
@@ -256,7 +267,7 @@ def _split(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-def _changed(obj: dict) -> SnapshotChanged:
+def _changed(obj: Item) -> SnapshotChanged:
     return SnapshotChanged(
         f"{obj['uri']} changed since the run's snapshot: its generation {obj['generation']} was replaced or "
         "deleted, and the bucket keeps no older generation (https://cloud.google.com/storage/docs/object-versioning); "
@@ -352,7 +363,11 @@ class Downloads:
     The CRC32C is of the whole object, checked when the last byte is in (:class:`Checked`)."""
 
     def __init__(
-        self, field: str = "train.dataset", client=None, connections: int = 16, retry: Retry | None = None
+        self,
+        field: str = "train.dataset",
+        client: Client | None = None,
+        connections: int = 16,
+        retry: Retry | None = None,
     ) -> None:
         import threading
 
@@ -370,10 +385,10 @@ class Downloads:
         adapter = session.get_adapter(probe.url)
         if hasattr(adapter, "poolmanager"):  # as many kept connections as readers (requests' default is 10)
             adapter.poolmanager.connection_pool_kw["maxsize"] = connections
-        self._pool = adapter.get_connection_with_tls_context(probe, verify, proxies, cert)
+        self._pool: urllib3.HTTPConnectionPool = adapter.get_connection_with_tls_context(probe, verify, proxies, cert)
         adapter.cert_verify(self._pool, probe.url, verify, cert)
-        self._prefix = adapter.request_url(probe, proxies)  # the path, or the whole URL through an HTTP proxy
-        self.creds = session.credentials
+        self._prefix: str = adapter.request_url(probe, proxies)  # the path, or the whole URL through an HTTP proxy
+        self.creds: Credentials = session.credentials
         self._auth, self._lock = Request(), threading.Lock()
 
     def _headers(self, offset: int, refresh: bool) -> dict[str, str]:
@@ -381,12 +396,13 @@ class Downloads:
         if offset:
             headers["Range"] = f"bytes={offset}-"
         with self._lock:
+            # google-auth's refresh and before_request are unannotated
             if refresh:
-                self.creds.refresh(self._auth)
-            self.creds.before_request(self._auth, "GET", self._base + DOWNLOAD, headers)
+                self.creds.refresh(self._auth)  # type: ignore[no-untyped-call]
+            self.creds.before_request(self._auth, "GET", self._base + DOWNLOAD, headers)  # type: ignore[no-untyped-call]
         return headers
 
-    def request(self, obj: dict, offset: int = 0):
+    def request(self, obj: Item, offset: int = 0) -> urllib3.BaseHTTPResponse:
         """The response (urllib3's, its body not yet read) to ``obj``'s download (an entry of ``list_objects``) from
         byte ``offset``: 200 for the whole object, 206 from ``offset``. SnapshotChanged when the pinned generation
         is gone; SpecError naming the field when the caller may not read it; InfraError for another refusal or a
@@ -462,24 +478,24 @@ class Downloads:
                 raise InfraError(f"{where}: {response.status} {said} (retried for {self.retry.deadline_s:.0f}s)")
         raise AssertionError("unreachable")
 
-    def open(self, obj: dict) -> Checked:
+    def open(self, obj: Item) -> Checked:
         """``obj``'s download, to read as a stream (``with downloads.open(obj) as body``): its content, checked and
         resumed as it is read (:class:`Checked`). Errors as :meth:`request`."""
         return Checked(self, obj)
 
-    def read(self, obj: dict) -> bytes:
+    def read(self, obj: Item) -> bytes:
         """The content of ``obj`` at its pinned generation, checked."""
         with self.open(obj) as body:
             return body.read()
 
 
-def _transcoded(headers) -> bool:
+def _transcoded(headers: Mapping[str, str]) -> bool:
     """Whether an answer is an object stored gzip-encoded served decompressed (python-storage's
     ``_is_decompressive_transcoding``: a stored encoding of gzip, the answer's not gzip)."""
     return headers.get("x-goog-stored-content-encoding") == "gzip" and headers.get("Content-Encoding") != "gzip"
 
 
-def _skip(response, offset: int) -> bool:
+def _skip(response: urllib3.BaseHTTPResponse, offset: int) -> bool:
     """Read and drop the first ``offset`` bytes of ``response``'s body, a MiB at a time; False (the response closed)
     where it breaks off first."""
     import urllib3
@@ -506,7 +522,7 @@ class Checked:
     none, and an InfraError naming the object and the byte once tries without progress have used the retry budget
     (``Retry``)."""
 
-    def __init__(self, downloads: Downloads, obj: dict) -> None:
+    def __init__(self, downloads: Downloads, obj: Item) -> None:
         import google_crc32c
 
         from components.data import drops
@@ -520,22 +536,23 @@ class Checked:
         self.expected = "" if self.transcoded else obj.get("crc32c", "")
         stored = obj.get("size", headers.get("x-goog-stored-content-length"))
         self.size = None if self.transcoded or stored is None else int(stored)
-        self.crc, self.got, self.since = google_crc32c.Checksum(), 0, 0
+        self.crc = google_crc32c.Checksum()  # type: ignore[no-untyped-call]  # google-crc32c's: unannotated
+        self.got, self.since = 0, 0
         self.stalled: Backoff | None = None  # the retries since the last try that brought bytes
         raw = io.BufferedReader(_Raw(self), buffer_size=2**20)
         gzipped = headers.get("Content-Encoding") == "gzip"  # served as stored: inflated as it would be served
-        self.stream = drops.inflated(raw, obj["uri"], downloads.field) if gzipped else raw
+        self.stream: BinaryIO = drops.inflated(raw, obj["uri"], downloads.field) if gzipped else raw
 
-    def __enter__(self):
+    def __enter__(self) -> BinaryIO:
         return self.stream
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stream.close()
         if self.expected or self.size is not None and self.got < self.size:  # left unread: its connection is not reused
             self.response.close()
         self.response.release_conn()
 
-    def chunk(self, into) -> int:
+    def chunk(self, into: memoryview) -> int:
         import urllib3
 
         while True:
@@ -545,7 +562,7 @@ class Checked:
             except (OSError, urllib3.exceptions.HTTPError) as exc:  # a reset, a body shorter than it said
                 n, broken = 0, exc
             if n:
-                self.crc.update(bytes(into[:n]))
+                self.crc.update(bytes(into[:n]))  # type: ignore[no-untyped-call]  # google-crc32c's: unannotated
                 self.got += n
                 return n
             if broken is None and (self.size is None or self.got >= self.size):
@@ -579,7 +596,8 @@ class Checked:
         where = f"{self.obj['uri']} (generation {self.obj['generation']})"
         if self.size is not None and self.got != self.size:
             raise InfraError(f"{where}: read {self.got} bytes, its listing gave {self.size}: run again")
-        if self.expected and base64.b64encode(self.crc.digest()).decode() != self.expected:
+        digest: bytes = self.crc.digest()  # type: ignore[no-untyped-call]  # google-crc32c's: unannotated
+        if self.expected and base64.b64encode(digest).decode() != self.expected:
             raise InfraError(
                 f"{where}: the bytes read do not match the CRC32C its listing gave (damaged on the way): run again"
             )
@@ -593,11 +611,11 @@ class _Raw(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, into) -> int:  # type: ignore[override]
+    def readinto(self, into: Buffer) -> int:
         return self.checked.chunk(memoryview(into).cast("B"))
 
 
-def read(obj: dict) -> bytes:
+def read(obj: Item) -> bytes:
     """The data of ``obj`` (an entry of ``list_objects``) at its pinned generation exactly, through
     google-cloud-storage; SnapshotChanged when that generation is gone. (Many reads: :class:`Downloads`.)"""
     from google.api_core import exceptions as gexc
@@ -605,12 +623,13 @@ def read(obj: dict) -> bytes:
     bucket, name = _split(obj["uri"])
     blob = _client().bucket(bucket).blob(name, generation=int(obj["generation"]))
     try:
-        return blob.download_as_bytes()
+        data: bytes = blob.download_as_bytes()
     except gexc.NotFound:
         raise _changed(obj) from None
+    return data
 
 
-def copy_into(objects: list[dict], dest_prefix: str, *, log: Callable[[str], None]) -> list[str]:
+def copy_into(objects: list[Item], dest_prefix: str, *, log: Callable[[str], None]) -> list[str]:
     """Copy each pinned generation of ``objects`` (entries of ``list_objects``) server-side (objects.rewrite with
     ``sourceGeneration``, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite)
     to ``<dest_prefix>/<index>-<file name>`` (``dest_prefix``: ``gs://RUN_BUCKET/runs/<id>/data/<split>``); the

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from components.data.records import Item, Side
 from components.spec import SpecError
 
 CONVERTED = "refs/convert/parquet"  # the dataset viewer's revision of Parquet files
@@ -109,7 +110,7 @@ def side(
     token: str | None,
     log: Callable[[str], None],
     hub: str = "",
-) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+) -> tuple[Side, Iterator[dict[str, Any]]]:
     """One split of a hub dataset as the snapshot keeps a side (``components.data.snapshot``): its part of the
     manifest (the commit, the split, each file with its sha256) and its rows, read now from files checked against
     the hub's hashes."""
@@ -130,7 +131,7 @@ def side(
         raise
     first, last = _bound(start, total, 0), _bound(stop, total, total)
     log(f"snapshot: {repo_id} split {split_text}: rows {first} to {last} of {len(items)} Parquet file(s) at {commit}")
-    part = {
+    part: Side = {
         "kind": "hub",
         "source": repo_id,
         "split": split_text,
@@ -144,7 +145,7 @@ def side(
 
 def _fetch(
     hub: str, repo_id: str, split: str, field: str, token: str | None, limit: int | None, into: Path
-) -> tuple[str, list[Path], list[dict[str, Any]], int]:
+) -> tuple[str, list[Path], list[Item], int]:
     """The conversion's commit as the hub lists it now, the split's files downloaded under ``into`` and checked (up to
     the file where ``limit`` rows are reached), their manifest items and their rows' count."""
     import pyarrow.parquet as pq
@@ -156,7 +157,9 @@ def _fetch(
     except weights.HubUnavailable as exc:
         raise SpecError("train.dataset", f"{repo_id}: the hub did not answer its Parquet files: {exc}") from None
     commit, wanted = listing["commit"], files(repo_id, split, field, listing)
-    paths, items, total = [], [], 0
+    paths: list[Path] = []
+    items: list[Item] = []
+    total = 0
     for entry in wanted:
         if limit is not None and total >= limit:
             break  # the slice ends before this file: it is neither downloaded nor pinned
@@ -176,7 +179,7 @@ def _fetch(
     return commit, paths, items, total
 
 
-def _rows(paths: list[Path], first: int, last: int, tmp: tempfile.TemporaryDirectory) -> Iterator[dict[str, Any]]:
+def _rows(paths: list[Path], first: int, last: int, tmp: tempfile.TemporaryDirectory[str]) -> Iterator[dict[str, Any]]:
     """Rows ``first`` to ``last`` of the files, a batch at a time; the files go when the rows are read."""
     import pyarrow.parquet as pq
 

@@ -35,11 +35,14 @@ import io
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from components.data import drops
+from components.data.records import Item, Side, TableSnapshot
 from components.spec import RunSpec, SpecError, datasets
 
 HELDOUT_PERCENT = 10
@@ -76,7 +79,7 @@ def content_digest(examples: Iterable[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------- listing: the items a source means
 
 
-def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[dict]:
+def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None] | None = None) -> list[Item]:
     """The local files ``path`` means (a file, ``DIR/`` for every data file under it, or a glob), each with the
     digest of its bytes; under ``DIR/`` or a glob, none that is hidden (``drops.hidden``). ``ready``: the marker file
     each data file's directory (or one above it, within the dataset's) must hold, written after it
@@ -114,7 +117,7 @@ def _local_items(path: str, key: str, ready: str = "", log: Callable[[str], None
         files = [f for f in files if f not in late]
         if not files:
             raise drops.NotReady(key, f"{path}: not ready: every data file was written after its {ready}")
-    items = []
+    items: list[Item] = []
     for name in files:
         data = Path(name).read_bytes()
         items.append({"uri": str(Path(name).resolve()), "generation": _sha(data), "size": len(data)})
@@ -130,7 +133,7 @@ def _top(expanded: str) -> str:
     return drops.marker_dir(expanded[: min(wild)] if wild else expanded)
 
 
-def _read_local(item: dict[str, Any]) -> bytes:
+def _read_local(item: Item) -> bytes:
     data = Path(item["uri"]).read_bytes()
     if _sha(data) != item["generation"]:
         raise SpecError("train.dataset", f"{item['uri']} changed since the run's snapshot")
@@ -139,7 +142,7 @@ def _read_local(item: dict[str, Any]) -> bytes:
 
 def list_items(
     source: str, key: str, ready: str = "", log: Callable[[str], None] | None = None
-) -> tuple[str, list[dict[str, Any]]]:
+) -> tuple[str, list[Item]]:
     """(kind, items) of a rendered dataset: local files or Cloud Storage objects, each {uri, generation, size}, read
     only once the marker ``ready`` is there when it is named."""
     kind = datasets.kind(source)
@@ -226,7 +229,7 @@ PREFETCH_BYTES = 64 * 2**20
 STREAMED = 16 * 2**20
 
 
-def read_items(kind: str, items: list[dict[str, Any]], key: str, log: Callable[[str], None]) -> Iterator[dict]:
+def read_items(kind: str, items: list[Item], key: str, log: Callable[[str], None]) -> Iterator[dict[str, Any]]:
     """Every example of the items, in order, each checked; each item's count kept in it (``num_examples``). Cloud
     Storage objects are read ``READERS`` at a time, ahead of the parse by at most ``PREFETCH_BYTES``; one larger than
     ``STREAMED`` is parsed as it downloads."""
@@ -234,20 +237,25 @@ def read_items(kind: str, items: list[dict[str, Any]], key: str, log: Callable[[
         from components.data import gcs
 
         downloads = gcs.Downloads(key)
-        contents = _ahead(items, downloads.read, downloads.open, READERS)
+        contents: Iterator[bytes | BinaryIO] = _ahead(items, downloads.read, downloads.open, READERS)
     else:
         contents = _ahead(items, _read_local, None, 1)
     yield from _examples(items, contents, key, log)
 
 
-def _ahead(items: list[dict[str, Any]], fetch: Callable, opener: Callable | None, readers: int) -> Iterator:
+def _ahead(
+    items: list[Item],
+    fetch: Callable[[Item], bytes],
+    opener: Callable[[Item], AbstractContextManager[BinaryIO]] | None,
+    readers: int,
+) -> Iterator[bytes | BinaryIO]:
     """Each item's bytes (``fetch``), or a stream of them (``opener``, a context manager) for one larger than
     ``STREAMED``, in order; up to ``readers`` fetched at once, ahead of the consumer by at most ``PREFETCH_BYTES``
     (and at least one item)."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    window: deque = deque()  # (item, its future, or None for one streamed when its turn comes)
+    window: deque[tuple[Item, Future[bytes] | None]] = deque()  # (item, its future, or None: streamed in its turn)
     held, index = 0, 0
     with ThreadPoolExecutor(readers) as pool:
         while index < len(items) or window:
@@ -263,7 +271,8 @@ def _ahead(items: list[dict[str, Any]], fetch: Callable, opener: Callable | None
                 index += 1
             item, future = window.popleft()
             if future is None:
-                with opener(item) as stream:  # type: ignore[misc]
+                assert opener is not None  # only an item with an opener is streamed
+                with opener(item) as stream:
                     yield stream
                     while stream.read(2**20):  # the rest, checked, and the connection free for the next
                         pass
@@ -273,7 +282,9 @@ def _ahead(items: list[dict[str, Any]], fetch: Callable, opener: Callable | None
                 yield data
 
 
-def _examples(items: list[dict[str, Any]], contents: Iterable, key: str, log) -> Iterator[dict]:
+def _examples(
+    items: list[Item], contents: Iterable[bytes | BinaryIO], key: str, log: Callable[[str], None]
+) -> Iterator[dict[str, Any]]:
     for index, (item, data) in enumerate(zip(items, contents, strict=True), start=1):
         count = 0
         for number, example in parse(item["uri"], data, key):
@@ -301,8 +312,8 @@ def job_project(spec: RunSpec) -> str:
 
 
 def _bigquery(
-    spec: RunSpec, source: str, key: str, when: datetime, since: dict | None, log: Callable[[str], None]
-) -> tuple[dict, Iterable]:
+    spec: RunSpec, source: str, key: str, when: datetime, since: dict[str, Any] | None, log: Callable[[str], None]
+) -> tuple[TableSnapshot, Iterator[dict[str, Any]]]:
     """The table's snapshot and its rows, as they are read; with ``since`` (the champion's manifest), only what it
     did not have: of the table the champion read, the rows committed since its table snapshot (APPENDS), else those
     past its ``max_time``; of another table (a dated table's new day), every row, as a new drop's."""
@@ -335,18 +346,25 @@ def _bigquery(
     return snap, rows
 
 
-def _champion_table(since: dict | None, table: str) -> dict | None:
+def _champion_table(since: dict[str, Any] | None, table: str) -> TableSnapshot | None:
     """The champion's snapshot of ``table`` (its manifest's ``train.table``) when the champion read that table; None
     when it read another (a dated table's other day), another kind of source, or there is no champion. Its
     ``max_time`` is that table's high-water mark, and no other table's: a mark carried to another table would skip
     each of its rows not past it."""
     snap = ((since or {}).get("train") or {}).get("table")
-    return snap if isinstance(snap, dict) and snap.get("table") == table else None
+    # a manifest's train.table, read back from its JSON: the TableSnapshot bigquery.snapshot made
+    return cast("TableSnapshot", snap) if isinstance(snap, dict) and snap.get("table") == table else None
 
 
 def _side(
-    spec: RunSpec, key: str, source: str, when: datetime, since: dict | None, log, hub_token: str | None = None
-) -> tuple[dict, Iterator]:
+    spec: RunSpec,
+    key: str,
+    source: str,
+    when: datetime,
+    since: dict[str, Any] | None,
+    log: Callable[[str], None],
+    hub_token: str | None = None,
+) -> tuple[Side, Iterator[dict[str, Any]]]:
     """One dataset's part of the manifest (its ``num_examples`` set once the examples are read) and its examples, as
     they are read: everything, or what ``since`` (the champion's manifest) did not have. A hub dataset's side is its
     split ``train.train_split`` (``key`` ``train.dataset``) or ``train.eval_split``."""
@@ -360,10 +378,11 @@ def _side(
         return part, (check_example(f"{source} {split} row {i}", row, key) for i, row in enumerate(hub_rows, 1))
     if kind == "bigquery":
         snap, rows = _bigquery(spec, source, key, when, since, log)
-        part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": 0}
-        part["identity"] = {k: snap.get(k) for k in ("table", "snapshot_time", "filter", "time_column", "after")}
+        identity = {k: snap.get(k) for k in ("table", "snapshot_time", "filter", "time_column", "after")}
         if snap.get("appended_after"):  # the rows committed since then: another read than ``after``'s
-            part["identity"]["appended_after"] = snap["appended_after"]
+            identity["appended_after"] = snap["appended_after"]
+        part = {"kind": kind, "source": source, "table": snap, "items": [], "num_examples": 0}
+        part["identity"] = identity
         return part, iter(rows)
     ready = spec.train.dataset_ready if key == "train.dataset" else ""
     kind, items = list_items(source, key, ready, log)
@@ -371,7 +390,7 @@ def _side(
     new = [item for item in items if f"{item['uri']}#{item['generation']}" not in seen]
     log(f"snapshot: {source}: {len(items)} files" + (f", {len(new)} new since the champion" if since else ""))
     part = {"kind": kind, "source": source, "items": new, "num_examples": 0}
-    part["identity"] = [{k: item[k] for k in ("uri", "generation", "size")} for item in new]
+    part["identity"] = [{"uri": item["uri"], "generation": item["generation"], "size": item["size"]} for item in new]
     return part, read_items(kind, new, key, log)
 
 
@@ -540,7 +559,9 @@ def take(
     t = spec.train
     source = datasets.render(t.dataset, when)
     since = champion if t.data_since == "champion" else None
-    read, keys, duplicates, fields = Spool(), set(), 0, set()
+    read, duplicates = Spool(), 0
+    keys: set[bytes] = set()  # every example's key (example_key) read so far
+    fields: set[str] = set()
     seen = seen_keys if since is not None else None
     again = 0  # examples the champion's lineage already saw
     try:  # the listing (a table's lookup) alone: a drop not there is told before any example is read

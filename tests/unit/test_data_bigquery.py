@@ -1165,3 +1165,24 @@ def test_a_not_found_after_the_tables_lookup_is_an_error_never_a_day_without_a_d
     assert "a new run reads it again" in said
     if where == "a stream after rows":  # stream 0's five rows were read, in parallel with the others, and then
         assert [r.responses for r in bq.storage.reads if r.stream.endswith("/streams/0")] == [1]  # stream 1 failed
+
+
+def test_an_access_list_that_authorizes_views_routines_and_datasets_is_read_for_an_account(project_factory):
+    """A dataset's access list may authorize a view, a routine or another dataset's views (Dataset.access's ``view``,
+    ``routine`` and ``dataset`` entries, each an object where an account's entry has an e-mail, a view's and a
+    routine's with no role: https://cloud.google.com/bigquery/docs/reference/rest/v2/datasets#Dataset.FIELDS.access):
+    none is the account's, none stands for a group of members, and the account's own entry beside them is read."""
+    from tests.emulators.project import PROJECT as EMULATED
+
+    project_factory()
+    account = f"pipeline@{EMULATED}.iam.gserviceaccount.com"
+    elsewhere = {"projectId": "acme-data-1", "datasetId": "curated"}
+    entries = [
+        bigquery.AccessEntry(None, "view", {**elsewhere, "tableId": "examples_view"}),
+        bigquery.AccessEntry(None, "routine", {**elsewhere, "routineId": "clean"}),
+        bigquery.AccessEntry("READER", "dataset", {"dataset": elsewhere, "targetTypes": ["VIEWS"]}),
+        bigquery.AccessEntry("READER", "userByEmail", account),
+    ]
+    found = data.account_roles(f"{EMULATED}.sft", EMULATED, account, entries=entries)
+    assert found.reading == {"READER"} and found.reading_conditional == {}
+    assert found.unread == []  # the projects' IAM policies were read: the roles are the whole answer
