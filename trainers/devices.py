@@ -3,13 +3,16 @@ make (``tpu_dist`` with torch_tpu, ``nccl`` on CUDA, ``gloo`` on CPU), the runti
 slice's chips from Ray Train's workers, and the driver's probe of what a worker-shaped task sees (a TPU slice's
 only: emulated hosts are CPU).
 
-The FSDP2 trainer (``trainers.fsdp``) and its evaluation (``trainers.evaluate``) pick their backend here, the slice
-check's probe (``trainers.slice_probe``) counts chips here, and ``bench/gpu_fsdp.py`` checks its device here. Imports
-torch only where the host has an NVIDIA device file, torch_tpu only where it has chips.
+The FSDP2 trainer (``trainers.fsdp``) and its evaluation (``trainers.evaluate``) pick their backend here and say
+where each worker stands here (:class:`Worker`: what the held-out loss, ``trainers.heldout``, and the answers,
+``trainers.generation``, are measured with), the slice check's probe (``trainers.slice_probe``) counts chips here,
+and ``bench/gpu_fsdp.py`` checks its device here. Imports torch only where the host has an NVIDIA device file (or a
+worker asks where it stands), torch_tpu only where it has chips.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from typing import Any
@@ -44,6 +47,31 @@ def detect_backend(dev: str = "/dev") -> tuple[str, str]:
     if torch.cuda.is_available():
         return "cuda", "nccl"
     return "cpu", "gloo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """Where one worker of a job's group stands: its ``rank``, the group's size ``world``, the kind of device it
+    computes on (``device_type``: part of every held-out figure's key, ``trainers.heldout.eval_key``) and the
+    ``torch.device`` its model is on."""
+
+    rank: int
+    world: int
+    device_type: str
+    device: Any
+
+
+def this_worker() -> Worker:
+    """This Ray Train worker (a worker loop's: ``ray.train.get_context``). What this worker has decides the device,
+    not what the cluster was provisioned as (:func:`detect_backend`): emulated TPU hosts compute on CPU."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    ctx = ray.train.get_context()
+    device_type, _ = detect_backend()
+    device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
+    return Worker(ctx.get_world_rank(), ctx.get_world_size(), device_type, device)
 
 
 def worker_runtime_env(use_tpu: bool, device_type: str) -> dict[str, Any]:

@@ -51,34 +51,31 @@ def _measured(rank: int, which: str, index: int, num_models: int, num_batches: i
 
 def eval_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
-    import ray.train.torch
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from trainers import weights_check
-    from trainers.devices import detect_backend
+    from trainers.devices import this_worker
     from trainers.fsdp import InjectedFailure
     from trainers.mesh import dtypes, parallelize
     from trainers.model import build_model, load_tokenizer, load_trained
 
     spec = RunSpec.from_json(config["spec"])
     t = spec.train
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    worker = this_worker()
+    rank, world, device_type, device = worker.rank, worker.world, worker.device_type, worker.device
     if spec.testing.fail_eval:
         raise InjectedFailure(f"injected failure in evaluation on rank {rank} (testing.fail_eval)")
-    device_type, _ = detect_backend()
-    device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
     weights, compute = dtypes(device_type, t.precision)  # as the trainer computes (trainers.mesh.dtypes)
     dtype = getattr(torch, weights)
     with weights_check.loading():  # the host's checked copy of the base weights, let go after the last model
         tokenizer = load_tokenizer(t.model_id)
-        split = heldout.Split(spec, config, tokenizer, rank, world, device_type)
+        split = heldout.Split(spec, config, tokenizer, worker)
         batches = split.batches
         mesh = init_device_mesh(device_type, (world,))
         losses: dict[str, float] = {}
         measured: dict[str, float] = {}  # a model's source -> its loss
-        answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
+        answering = generation.Answering(spec, config, tokenizer, worker)
         wanted_answers = set(config.get("generate") or ())
         models = models_to_measure(config)
         for index, (which, source) in enumerate(models):

@@ -23,7 +23,7 @@ from typing import Any
 
 from components.spec import RunSpec, protocol
 from trainers import checkpoints, data, generation, heldout, job_args, mesh, ray_checkpoints
-from trainers.devices import detect_backend, probe_backend, worker_runtime_env
+from trainers.devices import Worker, probe_backend, this_worker, worker_runtime_env
 
 
 class InjectedFailure(RuntimeError):
@@ -90,7 +90,7 @@ def _resumable_sampler(
 
 
 def _setup(
-    spec: RunSpec, config: dict[str, Any], world: int, rank: int, device_type: str, device: Any, phases: Phases
+    spec: RunSpec, config: dict[str, Any], worker: Worker, phases: Phases
 ) -> tuple[data.Tokenizer, Any, Any, Any, data.Examples]:
     """The worker's tokenizer, data loader, FSDP2-sharded model and optimizer, and the raw training split, each
     timed in ``phases``. The model is ``train.model_id`` as it is, or with a registered version's weights over it
@@ -104,7 +104,8 @@ def _setup(
     from trainers.model import build_model, load_tokenizer, load_trained
 
     t = spec.train
-    weights, compute = mesh.dtypes(device_type, t.precision)
+    rank, world = worker.rank, worker.world
+    weights, compute = mesh.dtypes(worker.device_type, t.precision)
     dtype = getattr(torch, weights)
     with weights_check.loading():  # the host's checked copy of the base weights, let go once the model is loaded
         with phases.timed("tokenizer"):
@@ -120,7 +121,7 @@ def _setup(
             else:
                 model = build_model(t.model_id, tokenizer, t.seed, dtype)
     with phases.timed("shard"):
-        model = mesh.shard_from_host(model, _mesh(spec, world, rank, device_type), compute, device)
+        model = mesh.shard_from_host(model, _mesh(spec, world, rank, worker.device_type), compute, worker.device)
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
         )
@@ -246,22 +247,19 @@ def _run_epoch(
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     phases = Phases()
-    with phases.timed("imports"):
+    with phases.timed("imports"):  # torch and Ray Train's torch module: trainers.devices.this_worker's, timed here
         import ray.train
-        import ray.train.torch
-        import torch
+        import ray.train.torch  # noqa: F401
+        import torch  # noqa: F401
         import torch.distributed as dist
 
     spec = RunSpec.from_json(config["spec"])
     t = spec.train
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device_type, _ = detect_backend()
-    # What this worker has decides, not what the cluster was provisioned as: emulated TPU hosts compute on CPU.
-    device = torch.device("cpu") if device_type == "cpu" else ray.train.torch.get_device()
+    worker = this_worker()
+    rank, world, device = worker.rank, worker.world, worker.device
     if rank == 0:
         protocol.emit("event", {"event": "worker_group_started", "world_size": world, "time": time.time()})
-    tokenizer, loader, model, optimizer, raw = _setup(spec, config, world, rank, device_type, device, phases)
+    tokenizer, loader, model, optimizer, raw = _setup(spec, config, worker, phases)
     if rank == 0:  # what the model is trained on, for its provenance
         snapshot = {"data_snapshot": data.snapshot(raw), "num_examples": len(raw), "time": time.time()}
         protocol.emit("event", {"event": "data", **snapshot})
@@ -269,8 +267,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         saves = ray_checkpoints.Checkpointer(spec, model, optimizer, tokenizer, rank, world)
         at, resumed = _resume(model, optimizer, rank, world, checkpoints.training_digest(spec), saves.saver.group)
     with phases.timed("evaluation_split"):
-        evaluation = heldout.InJob(spec, config, tokenizer, rank, world, device_type, device)  # no reload to evaluate
-        answering = generation.Answering(spec, config, tokenizer, rank, world, device_type, device)
+        evaluation = heldout.InJob(spec, config, tokenizer, worker)  # no reload to evaluate
+        answering = generation.Answering(spec, config, tokenizer, worker)
     evaluation.before(model, resumed)
     # The model as built answers the evaluation prompts (a resumed group's did already), scored after training with
     # the trained model's answers: rank 0 scores while no rank waits in a collective, however slow a team's scorer.

@@ -29,6 +29,7 @@ from typing import Any
 
 from components.spec import RunSpec, protocol
 from trainers import data, heldout, metrics
+from trainers.devices import Worker
 
 ANSWERS_DIR = "eval"  # under the job's output directory: answers-<which>.jsonl
 
@@ -140,30 +141,20 @@ class Answering:
     training's last collective by then). The answers wait in ``<output dir>/eval/answered-<which>.json``, which a
     worker group restarted during training reads back."""
 
-    def __init__(
-        self,
-        spec: RunSpec,
-        config: dict[str, Any],
-        tokenizer: data.Tokenizer,
-        rank: int,
-        world: int,
-        device_type: str,
-        device: Any,
-    ) -> None:
-        self.spec, self.tokenizer, self.rank, self.world = spec, tokenizer, rank, world
-        self.device_type, self.device = device_type, device
+    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer: data.Tokenizer, worker: Worker) -> None:
+        self.spec, self.tokenizer, self.worker = spec, tokenizer, worker
         self.on = bool(spec.eval.generate_examples) and bool(config.get("output_dir"))
         self.directory = Path(config.get("output_dir") or ".") / ANSWERS_DIR
         self.examples: list[dict[str, Any]] = []
         self.key = ""
         self.scorer: dict[str, str] | None = None
         if self.on:
-            split = data.splits(spec)[1]
-            raw = list(data.load_split(spec.train.dataset, split, config.get("data_files"), config.get("cache_dir")))
+            raw = list(heldout.examples(spec, config))
             self.examples = [dict(e) for e in raw[: spec.eval.generate_examples]]
             # on every worker, before any answer: a scorer that is not the image's own or cannot load fails the job
             # at once, naming eval.scorer (trainers.metrics.resolve_scorer)
-            self.key = generation_key(heldout.eval_key(spec, data.snapshot(raw), device_type, world), spec)
+            examples_key = heldout.eval_key(spec, data.snapshot(raw), worker.device_type, worker.world)
+            self.key = generation_key(examples_key, spec)
             if spec.eval.scorer:
                 metrics.load_scorer(spec.eval.scorer)
                 self.scorer = dataclasses.asdict(metrics.resolve_scorer(spec.eval.scorer))
@@ -174,8 +165,9 @@ class Answering:
             return None
         started = time.perf_counter()
         prompts = [data.prompt_of(e) for e in self.examples]
-        answers = answer(model, self.tokenizer, prompts, self.spec, self.device, self.rank, self.world)
-        return Answered(which, answers, time.perf_counter() - started) if self.rank == 0 else None
+        w = self.worker
+        answers = answer(model, self.tokenizer, prompts, self.spec, w.device, w.rank, w.world)
+        return Answered(which, answers, time.perf_counter() - started) if w.rank == 0 else None
 
     def __call__(self, model: Any, which: str) -> dict[str, Any]:
         """``which``'s answers, scored; rank 0 writes them and emits the event. Nothing when off."""
@@ -205,7 +197,7 @@ class Answering:
         """The answers :meth:`kept` made, scored and recorded now (rank 0; nothing elsewhere or when none were kept):
         the ``answers`` event's seconds are the scoring's, the answering's were the ``answered`` event's."""
         path = self.directory / f"answered-{which}.json"
-        if not self.on or self.rank != 0 or not path.is_file():
+        if not self.on or self.worker.rank != 0 or not path.is_file():
             return {}
         started = time.perf_counter()
         found = self.score(Answered(**json.loads(path.read_text(encoding="utf-8"))), started)

@@ -19,6 +19,7 @@ from typing import Any
 
 from components.spec import RunSpec, protocol
 from trainers import data
+from trainers.devices import Worker
 
 
 def eval_key(spec: RunSpec, examples: str, device_type: str, world: int) -> str:
@@ -96,17 +97,22 @@ def loss(model: Any, batches: list[dict[str, Any]], device: Any) -> float:
     return total / max(count, 1.0)
 
 
+def examples(spec: RunSpec, config: dict[str, Any]) -> Any:
+    """The held-out split's examples, from the files the job's ``config`` names (``data_files``, ``cache_dir``): the
+    ones its loss is measured on (:class:`Split`) and its prompts are asked from (``trainers.generation``)."""
+    return data.load_split(spec.train.dataset, data.splits(spec)[1], config.get("data_files"), config.get("cache_dir"))
+
+
 class Split:
     """The held-out split as a worker reads it: the examples (``raw``), this worker's batches, and the key of every
     figure measured on them."""
 
-    def __init__(
-        self, spec: RunSpec, config: dict[str, Any], tokenizer: data.Tokenizer, rank: int, world: int, device_type: str
-    ) -> None:
+    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer: data.Tokenizer, worker: Worker) -> None:
         t = spec.train
-        self.raw = data.load_split(t.dataset, data.splits(spec)[1], config.get("data_files"), config.get("cache_dir"))
-        self.batches = shard_batches(data.tokenize(self.raw, tokenizer, t.max_length), rank, world, t.batch_size)
-        self.key = eval_key(spec, data.snapshot(self.raw), device_type, world)
+        self.raw = examples(spec, config)
+        tokenized = data.tokenize(self.raw, tokenizer, t.max_length)
+        self.batches = shard_batches(tokenized, worker.rank, worker.world, t.batch_size)
+        self.key = eval_key(spec, data.snapshot(self.raw), worker.device_type, worker.world)
 
 
 class InJob:
@@ -117,29 +123,20 @@ class InJob:
     with that epoch's checkpoint, so the figure reaches the driver bound to the checkpoint it was measured on.
     ``testing.fail_eval`` leaves the measuring to the evaluation job, whose failure path it tests."""
 
-    def __init__(
-        self,
-        spec: RunSpec,
-        config: dict[str, Any],
-        tokenizer: data.Tokenizer,
-        rank: int,
-        world: int,
-        device_type: str,  # the kind of device the figures are measured on: part of their key (eval_key)
-        device: Any,  # the torch.device the model is on
-    ) -> None:
+    def __init__(self, spec: RunSpec, config: dict[str, Any], tokenizer: data.Tokenizer, worker: Worker) -> None:
         self.on = not spec.testing.fail_eval
         self.starts_from_model_id = not config.get("init_from")
-        self.rank, self.device = rank, device
-        self.split = Split(spec, config, tokenizer, rank, world, device_type) if self.on else None
+        self.worker = worker
+        self.split = Split(spec, config, tokenizer, worker) if self.on else None
 
     def measure(self, model: Any, which: str) -> dict[str, Any]:
         split = self.split
         assert split is not None
         started = time.perf_counter()
-        figure = loss(model, split.batches, self.device)
+        figure = loss(model, split.batches, self.worker.device)
         seconds = time.perf_counter() - started
         found = {"eval_loss": figure, "eval_key": split.key, "num_eval_examples": len(split.raw)}
-        if self.rank == 0:
+        if self.worker.rank == 0:
             event = {"event": "eval", "which": which, **found, "seconds": seconds, "time": time.time()}
             protocol.emit("event", event)
         return found

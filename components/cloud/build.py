@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import google_client
-from components.cloud.errors import Adapter, GkeError, progress_every
+from components.cloud.errors import Adapter, GkeError
 from components.platforms.interrupts import on_interrupt, signal_name
-from components.platforms.waiting import wait_for
 from components.spec import names
 
 if TYPE_CHECKING:
@@ -148,13 +147,9 @@ class Registry(Adapter["artifactregistry_v1.ArtifactRegistryClient"]):
         except gexc.AlreadyExists:
             return name
         self.log(f"creating Artifact Registry repository {name} (kept after the run)")
-        wait_for(
+        self.poll_until(
             lambda: True if op.done() else None,  # type: ignore[no-untyped-call]  # api_core's Operation: untyped
-            timeout_s=self.operation_timeout_s,
-            interval_s=self.poll_s,
-            what=f"repository {name} to be created",
-            clock=self.clock,
-            sleep=self.sleep,
+            f"repository {name} to be created",
         )
         op.result()  # type: ignore[no-untyped-call]  # raises the operation's error, if it ended in one
         return name
@@ -331,15 +326,7 @@ class CloudBuild(Adapter["cloudbuild_v1.CloudBuildClient"]):
             return None if build.status.name in RUNNING else build
 
         with on_interrupt(cancel, log=self.log):
-            build = wait_for(
-                poll,
-                timeout_s=timeout_s,
-                interval_s=self.poll_s,
-                progress=progress_every(60, self.poll_s, f"image build {build_id}", self.log),
-                what=f"image build {build_id}",
-                clock=self.clock,
-                sleep=self.sleep,
-            )
+            build = self.poll_until(poll, f"image build {build_id}", every_s=60, timeout_s=timeout_s)
         if build.status.name != "SUCCESS":
             raise BuildFailed(
                 f"image build {build_id} ended {build.status.name}: {build.status_detail or 'no detail'}"

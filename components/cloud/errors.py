@@ -175,6 +175,30 @@ class Adapter[C]:
     def call[T](self, what: str, fn: Callable[[], T]) -> T:
         return call_with_retry(what, fn, self.retry, self.log, self.sleep)
 
+    def poll_until[T](
+        self,
+        poll: Callable[[], T | None],
+        what: str,
+        *,
+        every_s: float = 0,
+        running: str = "",
+        timeout_s: float | None = None,
+    ) -> T:
+        """``poll`` every ``poll_s`` until it returns something (``components.platforms.waiting.wait_for``), with this
+        adapter's clock and sleep; past ``timeout_s`` (the operation deadline unless given) a DeadlineExceeded naming
+        ``what``. With ``every_s``, a line about every ``every_s`` that ``running`` (``what`` unless given) is
+        running (``progress_every``)."""
+        progress = progress_every(every_s, self.poll_s, running or what, self.log) if every_s else None
+        return wait_for(
+            poll,
+            timeout_s=self.operation_timeout_s if timeout_s is None else timeout_s,
+            interval_s=self.poll_s,
+            progress=progress,
+            what=what,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+
     def change[T](self, what: str, fn: Callable[[], T]) -> T:
         """``call`` for a change to a cluster (a node pool created or deleted, the cluster updated or deleted): while
         another operation holds the cluster (``is_busy``) it is asked again every ``poll_s`` until the operation
@@ -194,11 +218,4 @@ class Adapter[C]:
                     waited.append(self.clock())
                 return None
 
-        return wait_for(
-            attempt,
-            timeout_s=self.operation_timeout_s,
-            interval_s=self.poll_s,
-            what=f"{what}: the cluster busy with another operation",
-            clock=self.clock,
-            sleep=self.sleep,
-        )[0]
+        return self.poll_until(attempt, f"{what}: the cluster busy with another operation")[0]

@@ -33,6 +33,7 @@ SETS = "num_train_examples=32 num_eval_examples=40 eval.generate_examples=17 eva
 def work(rank, root, port, scorer, early):
     from components.workload import resolve
     from trainers import data, generation, mesh
+    from trainers.devices import Worker
     from trainers.model import build_model, load_tokenizer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -50,7 +51,7 @@ def work(rank, root, port, scorer, early):
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
         tokenizer.eos_token_id = whole(input_ids=ids, attention_mask=mask).logits[0, -1].argmax().item()
     try:
-        answering = generation.Answering(spec, config, tokenizer, rank, 2, "cpu", torch.device("cpu"))
+        answering = generation.Answering(spec, config, tokenizer, Worker(rank, 2, "cpu", torch.device("cpu")))
         if not early and not scorer:  # answers kept, a collective like any answering, then scored by rank 0 alone
             answering.kept(model, "before")
             kept = (Path(config["output_dir"]) / "eval" / "answered-before.json").is_file()
@@ -65,7 +66,7 @@ def work(rank, root, port, scorer, early):
     elif rank == 0:
         alone = []  # the same weights, unsharded, one prompt at a time
         whole = build_model(t.model_id, tokenizer, t.seed).eval()
-        for row in generation.Answering(spec, config, tokenizer, 0, 1, "cpu", None).examples:
+        for row in generation.Answering(spec, config, tokenizer, Worker(0, 1, "cpu", None)).examples:
             prompt = tokenizer(data.prompt_of(row), add_special_tokens=False)["input_ids"]
             ids = torch.tensor([[tokenizer.bos_token_id] + prompt])
             out = whole.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,

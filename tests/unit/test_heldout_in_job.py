@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from components.workload import resolve
 from trainers import data, heldout, mesh
 from trainers.checkpoints import save_final
+from trainers.devices import Worker
 from trainers.model import build_model, load_tokenizer, load_trained
 
 root = Path(sys.argv[1])
@@ -42,11 +43,11 @@ train = data.tokenize(data.load_split(t.dataset, "train", config["data_files"], 
 model.train()
 for step in range(4):
     mesh.train_step(model, optimizer, train[step * t.batch_size : (step + 1) * t.batch_size], device)
-in_job = heldout.InJob(spec, config, tokenizer, 0, 1, "cpu", device).after(model)
+in_job = heldout.InJob(spec, config, tokenizer, Worker(0, 1, "cpu", device)).after(model)
 checkpoint = root / "checkpoint"
 checkpoint.mkdir()
 save_final(model, tokenizer, {"epoch": 0, "global_step": 4}, 0, checkpoint)
-split = heldout.Split(spec, config, tokenizer, 0, 1, "cpu")
+split = heldout.Split(spec, config, tokenizer, Worker(0, 1, "cpu", device))
 reloaded = load_trained(t.model_id, str(checkpoint), tokenizer, t.seed, torch.float32)
 reloaded = mesh.parallelize(reloaded, init_device_mesh("cpu", (1,)))
 untrained = mesh.parallelize(build_model(t.model_id, tokenizer, t.seed, torch.float32), init_device_mesh("cpu", (1,)))

@@ -475,10 +475,7 @@ def follow(
         run = get(kfp_client, run_id)
         spec = spec or spec_of(kfp_client, run)
         job = as_job(run, spec)
-        for task in vertex.stages(job):
-            if seen.get(task["taskName"]) != task["state"]:
-                seen[task["taskName"]] = task["state"]
-                log(f"  {task['taskName']:<20} {task['state'].lower()}")
+        vertex.log_stage_changes(job, seen, log)
         if run.get("state") in TERMINAL:
             return job
         if deadline is not None and time.monotonic() >= deadline:

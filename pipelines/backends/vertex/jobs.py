@@ -212,6 +212,16 @@ def stages(job: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for t in job.get("jobDetail", {}).get("taskDetails", []) if t["taskName"] in names]
 
 
+def log_stage_changes(job: dict[str, Any], seen: dict[str, str], log: Callable[[str], None]) -> None:
+    """A line for each stage of ``job`` (:func:`stages`) whose state is not the one ``seen`` holds (task name ->
+    state, brought up to date): how a followed run (this module's :func:`follow`, Kubeflow Pipelines'
+    ``pipelines.backends.kfp.jobs.follow``) shows its progress."""
+    for task in stages(job):
+        if seen.get(task["taskName"]) != task["state"]:
+            seen[task["taskName"]] = task["state"]
+            log(f"  {task['taskName']:<20} {task['state'].lower()}")
+
+
 def follow(
     name: str, log: Callable[[str], None] = print, poll_s: float = 5.0, timeout_s: float | None = None
 ) -> dict[str, Any]:
@@ -225,10 +235,7 @@ def follow(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         job = aiplatform.PipelineJob.get(name).to_dict()
-        for task in stages(job):
-            if seen.get(task["taskName"]) != task["state"]:
-                seen[task["taskName"]] = task["state"]
-                log(f"  {task['taskName']:<20} {task['state'].lower()}")
+        log_stage_changes(job, seen, log)
         if job.get("state") in TERMINAL:
             return job
         if deadline is not None and time.monotonic() >= deadline:

@@ -35,6 +35,7 @@ What is checked derives from the run's plan (``plan.resources``), the one source
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -451,24 +452,15 @@ def _results_account(
 
     found = bigquery.account_roles(results, project, account, creds, entries)
     wanted = bigquery.TABLE_CREATE_ROLES
-    held = sorted(found.reading & set(wanted))
     under = cloud_iam.under_conditions(found.reading_conditional, wanted)
-    field = "train.bigquery_service_account"
-    if held:
-        report.checked.append(f"{key}: {account} may create tables in {results} ({', '.join(held)})")
-    elif under:
-        report.warnings.append(
-            f"{field}: {account}, whom the data snapshot runs as, may create tables in {results} only under an IAM "
-            f"condition: {'; '.join(under)}: make sure it admits the run's requests"
-        )
-    else:
-        unseen = f"; not readable as the caller: {', '.join(found.unread)}" if found.unread else ""
-        report.warnings.append(
-            f"{field}: {account}, whom the data snapshot runs as, holds no role that may create tables in {results} "
-            f"(of {', '.join(wanted)}; its roles there: {', '.join(sorted(found.reading)) or 'none'}{unseen}), where "
-            f"the data snapshot's APPENDS query writes its result: grant roles/bigquery.dataEditor on the dataset "
-            f"{results}, unless a group, a custom role or the organization gives it"
-        )
+    _account_may(
+        RoleCheck(f"create tables in {results}", "", wanted, found.reading, under, found.unread),
+        key,
+        account,
+        f"roles/bigquery.dataEditor on the dataset {results}",
+        report,
+        why=", where the data snapshot's APPENDS query writes its result",
+    )
 
 
 def _dated_table(key: str, value: str, table: str, project: str, who: str, report: Report) -> None:
@@ -516,7 +508,7 @@ def _bigquery_account(
     from components.data import bigquery
 
     found = bigquery.account_roles(table.rsplit(".", 1)[0], project, account, creds)
-    field, dataset = "train.bigquery_service_account", table.rsplit(".", 1)[0]
+    dataset = table.rsplit(".", 1)[0]
     checks = (
         (
             "open BigQuery read sessions",
@@ -554,25 +546,51 @@ def _bigquery_account(
     for what, roles, conditional, wanted, where, grant in checks:
         if (what == "run BigQuery jobs" and not jobs) or (what.startswith("create the dataset") and not create):
             continue
-        held = sorted(set(roles) & set(wanted))
         on_project = where == f"in project {project}"
         unseen = [u for u in found.unread if u.startswith(f"project {project}'s") == on_project]
         under = cloud_iam.under_conditions(conditional, wanted)
-        if held:
-            report.checked.append(f"{key}: {account} may {what} ({', '.join(held)} {where})")
-        elif under:
-            report.warnings.append(
-                f"{field}: {account}, whom the data snapshot runs as, may {what} {where} only under an IAM condition: "
-                f"{'; '.join(under)}: IAM grants it only to the requests the condition holds for, which preflight "
-                "does not evaluate; make sure it admits the run's requests (its dataset, its dates)"
-            )
-        else:
-            report.warnings.append(
-                f"{field}: {account}, whom the data snapshot runs as, holds no role that may {what} {where} "
-                f"(of {', '.join(wanted)}; its roles there: {', '.join(sorted(roles)) or 'none'}"
-                + (f"; not readable as the caller: {', '.join(unseen)}" if unseen else "")
-                + f"): grant {grant}, unless a group, a custom role or the organization gives it"
-            )
+        _account_may(RoleCheck(what, where, wanted, roles, under, unseen), key, account, grant, report)
+
+
+@dataclass(frozen=True)
+class RoleCheck:
+    """What the data snapshot's account must be able to do (``what``, ``where``: "" when ``what`` says it), the roles
+    that let it (``wanted``), and what was found: the roles it holds there (``held``), those it holds only under an
+    IAM condition (``under``: ``components.cloud.iam.under_conditions``) and the policies the caller could not read
+    (``unread``)."""
+
+    what: str
+    where: str
+    wanted: tuple[str, ...]
+    held: set[str]
+    under: list[str]
+    unread: list[str]
+
+
+def _account_may(check: RoleCheck, key: str, account: str, grant: str, report: Report, why: str = "") -> None:
+    """One of ``train.bigquery_service_account``'s roles, reported: a role that lets it, checked; one only under an IAM
+    condition, a warning naming it and the condition (not counted: preflight does not evaluate conditions); none, a
+    warning naming ``grant`` (after ``why`` it is needed), since a role through a group, a custom role or an
+    organization's policy is not seen here."""
+    field, r = "train.bigquery_service_account", check
+    where = f" {r.where}" if r.where else ""
+    action = r.what + where
+    held = sorted(r.held & set(r.wanted))
+    if held:
+        report.checked.append(f"{key}: {account} may {r.what} ({', '.join(held)}{where})")
+    elif r.under:
+        report.warnings.append(
+            f"{field}: {account}, whom the data snapshot runs as, may {action} only under an IAM condition: "
+            f"{'; '.join(r.under)}: IAM grants it only to the requests the condition holds for, which preflight "
+            "does not evaluate; make sure it admits the run's requests (its dataset, its dates)"
+        )
+    else:
+        unseen = f"; not readable as the caller: {', '.join(r.unread)}" if r.unread else ""
+        report.warnings.append(
+            f"{field}: {account}, whom the data snapshot runs as, holds no role that may {action} "
+            f"(of {', '.join(r.wanted)}; its roles there: {', '.join(sorted(r.held)) or 'none'}{unseen}){why}: "
+            f"grant {grant}, unless a group, a custom role or the organization gives it"
+        )
 
 
 def _limits(spec: RunSpec, run_id: str, report: Report) -> None:

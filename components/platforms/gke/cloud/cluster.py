@@ -39,7 +39,7 @@ from components.cloud.errors import (
 )
 from components.platforms.gke.plan import paths
 from components.platforms.interrupts import on_interrupt, signal_name
-from components.platforms.waiting import DeadlineExceeded, wait_for
+from components.platforms.waiting import DeadlineExceeded
 
 if TYPE_CHECKING:  # for the type checker only: the client libraries are imported inside functions
     from google.auth.credentials import Credentials
@@ -115,15 +115,7 @@ class Gke(Adapter["ClusterManagerClient"]):
             return current if current.status == container_v1.Operation.Status.DONE else None
 
         with on_interrupt(cancel, log=self.log):
-            done = wait_for(
-                poll,
-                timeout_s=self.operation_timeout_s,
-                interval_s=self.poll_s,
-                progress=progress_every(30, self.poll_s, what, self.log),
-                what=f"{what} (operation {op.name})",
-                clock=self.clock,
-                sleep=self.sleep,
-            )
+            done = self.poll_until(poll, f"{what} (operation {op.name})", every_s=30, running=what)
         if done.error and done.error.code:
             message = done.error.message or done.status_message
             if done.error.code == RESOURCE_EXHAUSTED or is_capacity_error(message):
@@ -245,14 +237,7 @@ class Gke(Adapter["ClusterManagerClient"]):
                 raise GkeError(f"{what} {name} is being deleted")
             return None
 
-        return wait_for(
-            poll,
-            timeout_s=self.operation_timeout_s,
-            interval_s=self.poll_s,
-            what=f"{what} {name} to be RUNNING",
-            clock=self.clock,
-            sleep=self.sleep,
-        )
+        return self.poll_until(poll, f"{what} {name} to be RUNNING")
 
     # -- an existing cluster's features
     def enable(self, name: str, features: list[Feature], project: str) -> list[str]:

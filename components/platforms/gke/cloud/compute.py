@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import credentials, google_client
-from components.cloud.errors import Adapter, CapacityError, GkeError, is_capacity_error, progress_every
+from components.cloud.errors import Adapter, CapacityError, GkeError, is_capacity_error
 from components.platforms.interrupts import on_interrupt, signal_name
-from components.platforms.waiting import wait_for
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -178,15 +177,7 @@ class Compute(Adapter["Clients"]):
             return current if current.status == compute_v1.Operation.Status.DONE else None
 
         with on_interrupt(stop, log=self.log):
-            done = wait_for(
-                poll,
-                timeout_s=self.operation_timeout_s,
-                interval_s=self.poll_s,
-                progress=progress_every(30, self.poll_s, what, self.log),
-                what=f"{what} (operation {operation})",
-                clock=self.clock,
-                sleep=self.sleep,
-            )
+            done = self.poll_until(poll, f"{what} (operation {operation})", every_s=30, running=what)
         errors = "; ".join(f"{e.code}: {e.message}" for e in done.error.errors)
         if errors or done.http_error_status_code:
             message = f"{done.http_error_status_code} {done.http_error_message}: {errors}".strip()
