@@ -1,9 +1,9 @@
 """What a Google Cloud API's error means to the adapters (:class:`Adapter`, the base of every Google Cloud adapter):
 transient answers retried with backoff (``call_with_retry``, ``is_transient``): gRPC's ``UNAVAILABLE`` and
 ``DEADLINE_EXCEEDED``, and over REST the HTTP statuses Google lists as transient, 408, 429 and the 5xx of a server or
-gateway in trouble; ``RESOURCE_EXHAUSTED`` a quota or a stockout (:class:`CapacityError`, the user's to resolve)
-unless it is a rate limit; a change refused while another operation holds the cluster (``is_busy``), asked again
-later.
+gateway in trouble, and a 403 that names a rate limit (Compute Engine's); ``RESOURCE_EXHAUSTED`` a quota or a stockout
+(:class:`CapacityError`, the user's to resolve) unless it is a rate limit; a change refused while another operation
+holds the cluster (``is_busy``), asked again later.
 """
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ class RetryPolicy:
 # violates a rate limit", apart from RESOURCE_QUOTA_EXCEEDED).
 RATE_LIMITED = "RATE_LIMIT_EXCEEDED"
 QUOTA_EXCEEDED = "RESOURCE_QUOTA_EXCEEDED"
+# A REST API's rate limit that comes as HTTP 403, not 429: Compute Engine's ("If your project exceeds a rate quota, you
+# receive a 403 error with the reason rateLimitExceeded", https://cloud.google.com/compute/api-quota), the
+# ``errors[].reason`` of Google's JSON error (https://cloud.google.com/apis/design/errors), where a per-user limit says
+# userRateLimitExceeded: the two 403 reasons google-api-python-client asks again (``_should_retry_response``,
+# https://github.com/googleapis/google-api-python-client/blob/main/googleapiclient/http.py); or a 403 whose ErrorInfo
+# names a rate limit: error_reason.proto's RATE_LIMIT_EXCEEDED, or Compute's RESOURCE_OPERATION_RATE_EXCEEDED ("Too
+# frequent operations from the source resource": https://github.com/googleapis/python-compute/issues/279). api_core
+# keeps the first as the exception's ``errors`` (the JSON's ``error.errors``) and the ErrorInfo of ``error.details``
+# as its ``reason`` (``format_http_response_error``, google/api_core/exceptions.py at 2.44.0).
+RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
+RATE_LIMIT_INFO = frozenset({RATE_LIMITED, "RESOURCE_OPERATION_RATE_EXCEEDED"})
 # The HTTP statuses of a REST answer that are transient: "HTTP 408, 429, and 5xx response codes" (Cloud Storage's retry
 # strategy, https://cloud.google.com/storage/docs/retry-strategy, "Response"), the 5xx as google-cloud-storage retries
 # them (_RETRYABLE_STATUS_CODES, google/cloud/storage/retry.py at 3.17.1: 500, 502, 503, 504; 501 Not Implemented
@@ -76,6 +87,14 @@ def is_rate_limit(exc: BaseException) -> bool:
     return getattr(exc, "reason", None) == RATE_LIMITED
 
 
+def is_forbidden_rate_limit(exc: BaseException) -> bool:
+    """A 403 that is a rate limit (``RATE_LIMIT_REASONS`` among its ``errors``, or ErrorInfo ``RATE_LIMIT_INFO``),
+    not a refused permission: it passes when the quota refills ("wait a minute then try your request again",
+    https://cloud.google.com/compute/api-quota)."""
+    reasons = {e.get("reason") for e in getattr(exc, "errors", None) or () if isinstance(e, dict)}
+    return bool(reasons & RATE_LIMIT_REASONS) or getattr(exc, "reason", None) in RATE_LIMIT_INFO
+
+
 def over_rest(exc: BaseException) -> bool:
     """Whether a google.api_core error is an HTTP answer: api_core makes a REST client's error from the HTTP response,
     which it keeps as ``response`` (``from_http_response``, ``format_http_response_error``), and a gRPC client's
@@ -87,12 +106,14 @@ def is_transient(exc: BaseException) -> bool:
     """An error that passes with time, so the call is asked again: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP
     503 and 504), a rate limit's ``RESOURCE_EXHAUSTED`` (``is_rate_limit``; any other is a quota), and an HTTP answer
     (``over_rest``) of another status of ``TRANSIENT_HTTP``, but a 429 whose ErrorInfo names a quota
-    (``RESOURCE_QUOTA_EXCEEDED``). gRPC's ``INTERNAL``, which api_core raises as the class of HTTP 500, is not
-    retried: only an HTTP 500 is."""
+    (``RESOURCE_QUOTA_EXCEEDED``); and a 403 that is a rate limit (``is_forbidden_rate_limit``: Compute Engine's).
+    gRPC's ``INTERNAL``, which api_core raises as the class of HTTP 500, is not retried: only an HTTP 500 is."""
     from google.api_core import exceptions as gexc
 
     if isinstance(exc, gexc.ResourceExhausted):  # gRPC's (an HTTP 429 is a TooManyRequests)
         return is_rate_limit(exc)
+    if isinstance(exc, gexc.Forbidden):
+        return is_forbidden_rate_limit(exc)
     if isinstance(exc, (gexc.ServiceUnavailable, gexc.GatewayTimeout)):  # DeadlineExceeded is a GatewayTimeout
         return True
     if not isinstance(exc, gexc.GoogleAPICallError) or not over_rest(exc):

@@ -16,6 +16,7 @@ The client is ``credentials.storage_client`` (the emulator is found as google-cl
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -95,12 +96,22 @@ class SourceChanged(RuntimeError):
         self.changed = changed
 
 
-def content(blob: Blob) -> tuple[Any, Any]:
-    """What says two objects hold the same bytes: their size and CRC32C. "All Cloud Storage objects have a CRC32C
-    hash", and MD5 "is not supported for composite objects" (https://cloud.google.com/storage/docs/hashes-etags;
-    "Composite objects do not have an MD5 hash metadata field": https://cloud.google.com/storage/docs/composite-objects),
-    so two composite objects of one size would look alike by (size, MD5)."""
-    return int(blob.size or 0), blob.crc32c
+# The custom metadata key (the object resource's ``metadata``: https://cloud.google.com/storage/docs/metadata#custom-
+# metadata) under which ``copy_prefix`` writes its call's nonce into each object it writes.
+COPY_NONCE = "tpupipe-copy"
+
+
+def same_bytes(one: Blob, other: Blob) -> bool:
+    """Whether two objects hold the same bytes: the same size, and the same MD5 where both have one, else the same
+    CRC32C. "All Cloud Storage objects have a CRC32C hash", and MD5 "is not supported for composite objects"
+    (https://cloud.google.com/storage/docs/hashes-etags; "Composite objects do not have an MD5 hash metadata field":
+    https://cloud.google.com/storage/docs/composite-objects), so CRC32C is what two objects of which one is composite
+    can be compared by; MD5, a cryptographic hash where CRC32C is not, where both carry it."""
+    if int(one.size or 0) != int(other.size or 0):
+        return False
+    if one.md5_hash and other.md5_hash:
+        return bool(one.md5_hash == other.md5_hash)
+    return bool(one.crc32c == other.crc32c)
 
 
 def _pinned(found: list[Blob], source: str, generations: dict[str, int]) -> list[Blob]:
@@ -179,28 +190,34 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
     ) -> tuple[int, int, int]:
         """Copy every object under ``source/`` to the same name under ``destination/`` in the bucket, server-side
         (objects.rewrite, repeated until done: https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite);
-        an object already there with the same size and CRC32C (:func:`content`) is kept (a retried copy resumes).
-        ``create_only``: each object written with ``ifGenerationMatch=0``, which "succeeds only if there are no live
-        objects" of its name (https://cloud.google.com/storage/docs/request-preconditions), so an object there with
-        other bytes is never replaced: a SpecError naming ``run_id`` (one with the same bytes is this copy's own, whose
-        reply was lost: ``_copy``). ``generations`` (names under ``source/`` -> generation): exactly
+        an object already there with the same bytes (:func:`same_bytes`) is kept (a retried copy resumes). Each object
+        written carries this call's nonce in its custom metadata (``COPY_NONCE``), which tells this call's own objects
+        from another writer's. ``create_only``: each object written with ``ifGenerationMatch=0``, which "succeeds only
+        if there are no live objects" of its name (https://cloud.google.com/storage/docs/request-preconditions), so an
+        object there with other bytes is never replaced: a SpecError naming ``run_id`` (one with this call's nonce is
+        its own, whose reply was lost; one of the same bytes without it is another writer's, kept: ``_copy``).
+        ``generations`` (names under ``source/`` -> generation): exactly
         those objects, each read at that generation only (the rewrite's ``ifSourceGenerationMatch``, which fails the
         request with 412 when the source's live generation is another: the rewrite page's query parameters and
         https://cloud.google.com/storage/docs/request-preconditions), so a source rewritten or gone since is copied
         in no part of it: :class:`SourceChanged` naming them. (objects copied, objects in all, bytes copied);
         (0, 0, 0) when ``source/`` holds nothing. A ``create_only`` copy that fails deletes what it wrote: its
-        destination holds none of it (what an earlier copy made is kept)."""
+        destination holds none of it (what an earlier copy or another writer made is kept)."""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
-        have = {b.name: content(b) for b in self._listed(name, destination)}
+        have = {b.name: b for b in self._listed(name, destination)}
         if generations is not None:
             found = _pinned(found, source, generations)
+        nonce = uuid.uuid4().hex  # this call's: in each object it writes
         made: list[tuple[str, int]] = []  # (name, generation) of each object this call wrote
         try:
             for blob in found:
                 target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
-                if have.get(target) != content(blob):
-                    made.append((target, self._copy(bucket, blob, target, source, create_only, generations)))
+                if target in have and same_bytes(have[target], blob):
+                    continue
+                generation = self._copy(bucket, blob, target, source, create_only, generations, nonce)
+                if generation is not None:
+                    made.append((target, generation))
         except BaseException:
             if create_only:  # made whole or not at all: no part of a failed copy is left where it was going
                 self._undo(name, made)
@@ -217,16 +234,22 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         source: str,
         create_only: bool,
         generations: dict[str, int] | None,
-    ) -> int:
-        """One object of ``copy_prefix``: the generation of its copy ``target``. A create-only rewrite refused with
-        412 by a ``target`` that holds the source's bytes (:func:`content`) is this copy's own: a retry of a request
-        that took effect but whose reply was lost. Such a rewrite is asked again: "Socket timeouts and TCP
-        disconnects" are transient (https://cloud.google.com/storage/docs/retry-strategy, "Response"), and a write
-        with a generation precondition is safe to retry (the same page, "Conditional idempotency"), so
-        google-cloud-storage retries it itself (``DEFAULT_RETRY_IF_GENERATION_SPECIFIED``, google/cloud/storage/blob.py
-        at 3.17.1), as does ``call``; the retry then finds its own first try's object in place, and its
-        ``ifGenerationMatch=0`` fails (412: https://cloud.google.com/storage/docs/request-preconditions). Other bytes
-        there are another copy's: refused."""
+        nonce: str,
+    ) -> int | None:
+        """One object of ``copy_prefix``: the generation of its copy ``target``, written with ``nonce`` in its custom
+        metadata; None when a create-only rewrite finds another writer's copy of the same bytes there (kept: not this
+        call's to undo). The rewrite sends the destination's resource as its body (``Blob.rewrite`` posts the blob's
+        properties, google/cloud/storage/blob.py at 3.17.1; objects.rewrite "Optionally overrides metadata":
+        https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), so the copy gets the source's custom
+        metadata and the nonce. A create-only rewrite refused with 412 by a ``target`` that carries ``nonce`` is this
+        call's own: a retry of a request that took effect but whose reply was lost. Such a rewrite is asked again:
+        "Socket timeouts and TCP disconnects" are transient (https://cloud.google.com/storage/docs/retry-strategy,
+        "Response"), and a write with a generation precondition is safe to retry (the same page, "Conditional
+        idempotency"), so google-cloud-storage retries it itself (``DEFAULT_RETRY_IF_GENERATION_SPECIFIED``,
+        google/cloud/storage/blob.py at 3.17.1), as does ``call``; the retry then finds its own first try's object in
+        place, and its ``ifGenerationMatch=0`` fails (412: https://cloud.google.com/storage/docs/request-preconditions).
+        A ``target`` without the nonce is another writer's: kept when it holds the source's bytes
+        (:func:`same_bytes`), else refused."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         name = bucket.name
@@ -235,6 +258,7 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             kept["if_source_generation_match"] = int(blob.generation)
         token = None
         copy = bucket.blob(target)
+        copy.metadata = {**(blob.metadata or {}), COPY_NONCE: nonce}  # the source's too, should the body's replace it
         try:
             while True:
                 token, _, _ = self.call(
@@ -249,9 +273,12 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             if isinstance(exc, NotFound):
                 raise
             there = self.call(f"get gs://{name}/{target}", functools.partial(bucket.get_blob, target))
-            if there is not None and content(there) == content(blob):
+            if there is not None and (there.metadata or {}).get(COPY_NONCE) == nonce:
                 self.log(f"  gs://{name}/{target}: already this copy of gs://{name}/{blob.name} (a reply lost)")
                 return int(there.generation)
+            if there is not None and same_bytes(there, blob):
+                self.log(f"  gs://{name}/{target}: another writer's copy of the same bytes meanwhile: kept")
+                return None
             raise SpecError(
                 "run_id",
                 f"gs://{name}/{target} already holds other bytes than gs://{name}/{blob.name} (another run's "

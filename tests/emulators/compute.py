@@ -33,9 +33,24 @@ Compute makes with a new project (VPC docs, "Default network": https://cloud.goo
 unless ``skip_default_network`` says the organisation skips it (``constraints/compute.skipDefaultNetworkCreation``).
 
 Faults are injected per method ("networks.insert", "subnetworks.delete", "globalOperations.get", ...): an HTTP
-error for the next N matching calls, or a quota failure, where the insert is accepted and its operation ends DONE
-with the QUOTA_EXCEEDED error Compute reports. ``in_use`` lets another emulator say that something outside Compute
-(a GKE node pool, say) still uses a network or resource policy, which then cannot be deleted.
+error for the next N matching calls (``fail``), before the call takes effect; a rate limit (``rate_limit``) as Compute
+answers one, HTTP 403 with the reason ``rateLimitExceeded`` ("If your project exceeds a rate quota, you receive a 403
+error with the reason rateLimitExceeded": https://cloud.google.com/compute/api-quota); a lost answer (``lose``): the
+call takes effect and its answer is an error, a 504 by default (DEADLINE_EXCEEDED's HTTP mapping, which "may be
+returned even if the operation has completed successfully": google/rpc/code.proto); or a quota failure, where the
+insert is accepted and its operation ends DONE with the QUOTA_EXCEEDED error Compute reports. ``in_use`` lets another
+emulator say that something outside Compute (a GKE node pool, say) still uses a network or resource policy, which then
+cannot be deleted.
+
+An insert or delete may carry a ``requestId`` (compute_v1's ``Insert*Request.request_id``/``Delete*Request.request_id``,
+google/cloud/compute_v1/types/compute.py at 1.57.0): "Specify a unique request ID so that if you must retry your
+request, the server will know to ignore the request if it has already been completed ... If you make the request again
+with the same request ID, the server can check if original operation with the same request ID was received, and if so,
+will ignore the second request"; it "must be a valid UUID with the exception that zero UUID is not supported" (400
+otherwise). A request whose id the project has seen takes no effect and is answered that first operation, as it is
+now; the operation carries the id as ``clientOperationId`` ("The value of requestId if you provided it in the request":
+``Operation.client_operation_id``, the same file). Compute documents no window after which an id is forgotten: the
+emulator remembers each for its lifetime.
 
 Pointing the clients here: ``ClientOptions(api_endpoint="http://127.0.0.1:PORT")``, for every client, the
 operations clients included (the one an ExtendedOperation polls with internally is built from the credentials
@@ -50,11 +65,12 @@ import itertools
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from google.cloud import compute_v1
 from google.protobuf import json_format
@@ -187,6 +203,7 @@ class State:
     blocks: dict[str, dict] = field(default_factory=dict)  # ".../reservations/N/reservationBlocks/B" -> resource
     withheld: set[tuple[str, str]] = field(default_factory=set)  # (zone, machine type) not offered there
     no_default_network: set[str] = field(default_factory=set)  # projects made without the default network
+    requests: dict[tuple[str, str], str] = field(default_factory=dict)  # (project, requestId) -> its operation's path
 
 
 def _now() -> str:
@@ -236,6 +253,37 @@ class ComputeEmulator(HttpEmulator):
                 info=info,
             )
         )
+
+    def rate_limit(self, method: str, times: int = 1, when: Callable[[dict], bool] = lambda body: True) -> None:
+        """The next ``times`` calls of ``method`` matching ``when`` are refused as over a rate quota, before they take
+        effect, as Compute refuses them: HTTP 403 with the reason ``rateLimitExceeded``
+        (https://cloud.google.com/compute/api-quota) and the ErrorInfo of a rate quota (google/api/error_reason.proto,
+        RATE_LIMIT_EXCEEDED: its consumer, service, quota metric and limit; the metric and limit of Compute's global
+        mutation or read methods, https://cloud.google.com/compute/docs/api-rate-limits). The message's words are the
+        emulator's."""
+        metric, limit = ("read_requests", "ReadRequestsPerMinutePerProject")
+        if not method.endswith(".get"):
+            metric, limit = ("default", "defaultPerMinutePerProject")
+        info = {
+            "reason": "RATE_LIMIT_EXCEEDED",
+            "domain": "googleapis.com",
+            "metadata": {
+                "service": "compute.googleapis.com",
+                "quota_metric": f"compute.googleapis.com/{metric}",
+                "quota_limit": limit,
+            },
+        }
+        message = f"Quota exceeded for quota metric 'compute.googleapis.com/{metric}' and limit '{limit}'."
+        self.faults.append(Fault(method, 403, "rateLimitExceeded", message, times, when, info=info))
+
+    def lose(
+        self, method: str, status: int = 504, times: int = 1, when: Callable[[dict], bool] = lambda body: True
+    ) -> None:
+        """The next ``times`` calls of ``method`` matching ``when`` take effect, and their answer is lost: the client
+        gets HTTP ``status`` instead (a gateway's 504 by default, whose DEADLINE_EXCEEDED "may be returned even if the
+        operation has completed successfully": google/rpc/code.proto)."""
+        message = f"Injected HTTP {status} for {method}: the answer was lost."
+        self.faults.append(Fault(method, status, REASONS.get(status, "error"), message, times, when, lost=True))
 
     def quota(self, method: str, when: Callable[[dict], bool] = lambda body: True, times: int = 1) -> None:
         """The next insert ``method`` matching ``when`` is accepted, and its operation fails with QUOTA_EXCEEDED."""
@@ -441,7 +489,8 @@ class ComputeEmulator(HttpEmulator):
     # ------------------------------------------------------------------ serving
     def _serve(self, http: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict]:
         text = body.decode()
-        method, params = self._route(http.command, urlsplit(http.path).path)
+        url = urlsplit(http.path)
+        method, params = self._route(http.command, url.path)
         with self._lock:
             self.state.calls.append(method)
         if self.token and not authorized(self.token, http.headers.get("Authorization")):
@@ -451,8 +500,9 @@ class ComputeEmulator(HttpEmulator):
         except ValueError as e:
             raise HttpError(400, f"Invalid JSON payload received. {e}") from None
         fault = self._fault(method, request if method.endswith(".insert") else params)
-        if fault and fault.status is not None:
+        if fault and fault.status is not None and not fault.lost:
             raise HttpError(fault.status, fault.message, fault.reason, fault.info)
+        lost, fault = (fault, None) if fault and fault.lost else (None, fault)
         reads = {
             "regions.get": self._region,
             "reservations.get": self._reservation,
@@ -465,11 +515,41 @@ class ComputeEmulator(HttpEmulator):
             reads[method] = self._default_network
         if method in reads:
             with self._lock:
-                return 200, copy.deepcopy(reads[method](params))
-        kind, action = method.split(".")
-        handler = self._poll if kind.endswith("Operations") else getattr(self, f"_{action}")
-        with self._lock:  # serialised under the lock: the answer may be a stored resource
-            return 200, copy.deepcopy(handler(kind, params, request, fault))
+                answer = copy.deepcopy(reads[method](params))
+        else:
+            kind, action = method.split(".")
+            handler = self._poll if kind.endswith("Operations") else getattr(self, f"_{action}")
+            request_id = self._request_id(dict(parse_qsl(url.query))) if action in ("insert", "delete") else ""
+            with self._lock:  # serialised under the lock: the answer may be a stored resource
+                seen = self.state.requests.get((params["project"], request_id)) if request_id else None
+                if seen:  # the same request again: it takes no effect, and its first operation answers
+                    answer = copy.deepcopy(self.state.operations[seen].op)
+                else:
+                    answer = copy.deepcopy(handler(kind, params, request, fault))
+                    if request_id:
+                        self._remember(params["project"], request_id, answer)
+        if lost:
+            raise HttpError(lost.status, lost.message, lost.reason)
+        return 200, answer
+
+    @staticmethod
+    def _request_id(query: dict) -> str:
+        """An insert's or delete's ``requestId``, "a valid UUID with the exception that zero UUID is not supported"
+        (compute_v1's ``request_id``), or "" when it has none."""
+        value = query.get("requestId", "")
+        try:
+            valid = not value or uuid.UUID(value).int != 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise HttpError(400, f"Invalid value for field 'requestId': '{value}'. Must be a valid UUID.")
+        return value
+
+    def _remember(self, project: str, request_id: str, op: dict) -> None:
+        """The operation a request with ``request_id`` started, found again by the id (under the lock)."""
+        path = op["selfLink"].removeprefix(LINK)
+        self.state.operations[path].op["clientOperationId"] = op["clientOperationId"] = request_id
+        self.state.requests[(project, request_id)] = path
 
     def _route(self, verb: str, path: str) -> tuple[str, dict]:
         for method, pattern in (

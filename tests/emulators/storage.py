@@ -83,7 +83,8 @@ Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIam
 (``fail``), or a lost reply, after it took effect (``lose``: the connection closed before any answer, one of the
 "Socket timeouts and TCP disconnects" a client retries, https://cloud.google.com/storage/docs/retry-strategy). Every
 request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an
-"objects.get".
+"objects.get". ``meanwhile`` runs another writer's change just before the next matching call takes effect (a test's
+way to put a concurrent writer between two of a client's requests).
 
 Identities: a request authenticated by the emulator's ``token`` (the static token, or one the ``TokenIssuer`` minted:
 the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked
@@ -338,6 +339,17 @@ class Cutting:
 
 
 @dataclass
+class Meanwhile:
+    """Another writer's ``change``, run just before the next ``times`` calls of ``method`` matching ``when`` take effect
+    (``StorageEmulator.meanwhile``)."""
+
+    method: str
+    change: Callable[[], None]
+    times: int
+    when: Callable[[dict], bool]
+
+
+@dataclass
 class State:
     buckets: dict[str, dict] = field(default_factory=dict)  # bucket name -> bucket resource JSON
     policies: dict[str, dict] = field(default_factory=dict)  # bucket name -> {"version": V, "bindings": [...]}
@@ -509,6 +521,7 @@ class StorageEmulator(HttpEmulator):
         self.state = State()
         self.faults: list[Fault] = []
         self.cuts: list[Cutting] = []  # downloads that break off (``cut``)
+        self.changes: list[Meanwhile] = []  # other writers' changes, made before a call (``meanwhile``)
         self._lock = threading.RLock()
         self._generation = 0
         self.root = Path(root) if root else None
@@ -551,6 +564,13 @@ class StorageEmulator(HttpEmulator):
         reply is lost: the connection is closed before any answer (``http.Lost``), so the client sees a dropped
         connection and cannot tell whether the request took effect."""
         self.faults.append(Fault(method, None, "", "", times, when, lost=True))
+
+    def meanwhile(
+        self, method: str, change: Callable[[], None], times: int = 1, when: Callable[[dict], bool] = lambda r: True
+    ) -> None:
+        """``change()`` (another writer's: ``put``, say) runs just before the next ``times`` calls of ``method``
+        matching ``when`` (as ``fail`` gives it) take effect."""
+        self.changes.append(Meanwhile(method, change, times, when))
 
     def cut(self, after: int, times: int = 1, when: Callable[[dict], bool] = lambda request: True) -> None:
         """The next ``times`` media downloads matching ``when`` (``{"bucket", "object", "query"}``) break off: their
@@ -715,6 +735,9 @@ class StorageEmulator(HttpEmulator):
             member = self._foreign[request["bucket"]]
         if member is not None:
             self._authorize(member, method, request)
+        change = take_fault(self.changes, self._lock, method, request)
+        if change is not None:
+            change.change()
         fault = take_fault(self.faults, self._lock, method, request)
         if fault and not fault.lost:
             raise HttpError(fault.status, fault.message, fault.reason)

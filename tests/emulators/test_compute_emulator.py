@@ -278,3 +278,62 @@ def test_token_is_required(compute):
         Clients(compute.endpoint, StaleCredentials(token="wrong")).networks.get(project=PROJECT, network="net-a")
     raw = requests.get(f"{compute.endpoint}/compute/v1/projects/{PROJECT}/global/networks/net-a", timeout=10)
     assert raw.status_code == 401 and raw.json()["error"]["errors"][0]["reason"] == "authError"
+
+
+def test_a_rate_limit_is_a_403_with_its_reasons_and_takes_no_effect(compute, clients):
+    """Compute's rate limit: HTTP 403, reason rateLimitExceeded, the ErrorInfo of a rate quota; api_core raises it as
+    Forbidden with the JSON's errors and the ErrorInfo's reason."""
+    compute.rate_limit("networks.insert")
+    with pytest.raises(exceptions.Forbidden) as refused:
+        clients.network()
+    assert refused.value.errors[0]["reason"] == "rateLimitExceeded"
+    assert refused.value.reason == "RATE_LIMIT_EXCEEDED" and refused.value.domain == "googleapis.com"
+    assert refused.value.metadata["quota_metric"] == "compute.googleapis.com/default"
+    assert compute.state.operations == {} and compute.names("networks") == []
+    clients.network().result(timeout=10)  # the fault was used up
+    assert compute.names("networks") == ["net-a"]
+
+
+def insert_network(clients, request_id: str):
+    body = compute_v1.Network(name="net-a", auto_create_subnetworks=False)
+    return clients.networks.insert(request={"project": PROJECT, "network_resource": body, "request_id": request_id})
+
+
+def test_a_repeated_request_id_answers_the_first_operation_and_takes_no_effect(compute, clients):
+    import uuid
+
+    request_id = str(uuid.uuid4())
+    first = insert_network(clients, request_id)
+    again = insert_network(clients, request_id)  # no 409: the same request, ignored
+    assert again.name == first.name and compute.mutations() == ["networks.insert", "networks.insert"]
+    assert len(compute.state.operations) == 1
+    assert again.client_operation_id == request_id
+    again.result(timeout=10)
+    assert insert_network(clients, request_id).status == compute_v1.Operation.Status.DONE  # as the operation is now
+    with pytest.raises(exceptions.Conflict):  # another request id: another request, refused
+        insert_network(clients, str(uuid.uuid4()))
+    for invalid in ("not-a-uuid", "00000000-0000-0000-0000-000000000000"):
+        with pytest.raises(exceptions.BadRequest, match="requestId"):
+            insert_network(clients, invalid)
+    assert compute.names("networks") == ["net-a"] and len(compute.state.operations) == 1
+
+
+def test_a_lost_answer_took_effect_and_a_retry_with_its_request_id_finds_its_operation(compute, clients):
+    import uuid
+
+    request_id = str(uuid.uuid4())
+    compute.lose("networks.insert")
+    with pytest.raises(exceptions.GatewayTimeout):
+        insert_network(clients, request_id)
+    assert compute.state.creating  # it took effect: the network is being created
+    op = insert_network(clients, request_id)
+    op.result(timeout=10)
+    assert compute.names("networks") == ["net-a"] and len(compute.state.operations) == 1
+    compute.lose("networks.delete", status=503)
+    delete = {"project": PROJECT, "network": "net-a", "request_id": str(uuid.uuid4())}
+    with pytest.raises(exceptions.ServiceUnavailable):
+        clients.networks.delete(request=delete)
+    gone = clients.networks.delete(request=delete)  # not 400 resourceNotReady: the delete it started
+    assert gone.operation_type == "delete"
+    gone.result(timeout=10)
+    assert compute.names("networks") == []

@@ -882,3 +882,33 @@ def test_a_lost_reply_took_effect_and_a_retry_with_a_generation_precondition_fin
     with pytest.raises(requests.ConnectionError):  # no precondition: not retried, though it took effect
         bucket.blob("runs/r1/step.txt").upload_from_string(b"1", retry=None)
     assert gcs.data("tpupipe-ckpt", "runs/r1/step.txt") == b"1"
+
+
+def test_a_rewrite_gives_the_destination_the_metadata_its_body_names(gcs):
+    """Blob.rewrite posts the destination's properties as the body: custom metadata set on it is the copy's, in place
+    of the source's ("Optionally overrides metadata": objects.rewrite); the source's content type is kept."""
+    bucket = create(client())
+    source = bucket.blob("runs/r1/model.bin")
+    source.metadata = {"step": "100"}
+    source.upload_from_string(b"weights", content_type="application/x-weights")
+    destination = bucket.blob("models/m1/model.bin")
+    destination.metadata = {"step": "100", "copy": "n1"}
+    destination.rewrite(source, if_generation_match=0)
+    copied = bucket.get_blob("models/m1/model.bin")
+    assert copied.metadata == {"step": "100", "copy": "n1"} and copied.content_type == "application/x-weights"
+
+
+def test_another_writers_change_is_made_just_before_the_matching_call(gcs):
+    bucket = create(client())
+    source = bucket.blob("runs/r1/model.bin")
+    source.upload_from_string(b"weights")
+    gcs.meanwhile(
+        "objects.rewrite",
+        lambda: gcs.put("tpupipe-ckpt", "models/m1/model.bin", b"theirs"),
+        when=lambda request: request["destination"]["object"] == "models/m1/model.bin",
+    )
+    with pytest.raises(exceptions.PreconditionFailed):  # their object came first
+        bucket.blob("models/m1/model.bin").rewrite(source, if_generation_match=0)
+    assert gcs.data("tpupipe-ckpt", "models/m1/model.bin") == b"theirs"
+    bucket.blob("models/m2/model.bin").rewrite(source, if_generation_match=0)  # the change was made once
+    assert gcs.data("tpupipe-ckpt", "models/m2/model.bin") == b"weights"

@@ -775,17 +775,38 @@ def test_transient_compute_errors_are_retried(tmp_path, project_factory):
 
 
 def test_rate_limits_and_server_errors_of_compute_are_retried(tmp_path, project_factory):
-    """Compute Engine speaks REST: a rate limit is HTTP 429 (api_core's TooManyRequests, not gRPC's
-    ResourceExhausted), and a server or gateway error 500 or 502; each passes with time
-    (https://cloud.google.com/storage/docs/retry-strategy), so each is asked again."""
+    """Compute Engine speaks REST: its rate limit is HTTP 403 with the reason rateLimitExceeded
+    (https://cloud.google.com/compute/api-quota), not a refused permission, and a server or gateway error 500 or 502;
+    each passes with time, so each is asked again."""
     project = project_factory()
-    project.compute.fail("networks.insert", 429, message="Rate Limit Exceeded")
+    project.compute.rate_limit("networks.insert")
+    project.compute.rate_limit("globalOperations.get")
     project.compute.fail("subnetworks.insert", 500)
     project.compute.fail("networks.delete", 502)
     ctx = context(tmp_path, "throttled", DCN_SLICES)
     platform().provision(ctx)
     assert len(project.compute.names("networks")) == 2
-    assert project.compute.state.calls.count("networks.insert") == 3  # one 429, then the two networks
+    assert project.compute.state.calls.count("networks.insert") == 3  # one refused, then the two networks
+    platform().teardown(ctx)
+    assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
+
+
+def test_a_compute_insert_whose_answer_was_lost_is_waited_on_before_what_depends_on_it(tmp_path, project_factory):
+    """The first network's insert takes effect and its answer is lost (a 504): the retry carries the same request id,
+    so Compute answers the operation the first try started (no 409 while the network is still being created), and
+    provision waits on it before it inserts the subnetwork that names the network (which Compute refuses while the
+    network is not there). A delete's lost answer likewise: its retry waits on the delete it started."""
+    project = project_factory()
+    project.compute.polls_to_done = 3  # the network still being created when the retry comes
+    project.compute.lose("networks.insert")
+    project.compute.lose("subnetworks.delete")
+    ctx = context(tmp_path, "lostnet", DCN_SLICES)
+    platform().provision(ctx)
+    made = {kind: project.compute.names(kind) for kind in ("networks", "subnetworks", "firewalls", "routers")}
+    assert len(made["networks"]) == 2 and {"lostnet-dcn0-subnet", "lostnet-dcn1-subnet"} <= set(made["subnetworks"])
+    assert project.compute.state.calls.count("networks.insert") == 3  # the lost one, its retry, the second network
+    inserts = [e for e in project.compute.state.operations.values() if e.op["operationType"] == "insert"]
+    assert len(inserts) == sum(map(len, made.values()))  # one operation a resource: the retry started none
     platform().teardown(ctx)
     assert project.compute.names("networks") == [] and project.compute.names("subnetworks") == []
 

@@ -16,10 +16,11 @@ from components.cloud.errors import GkeError, RetryPolicy, call_with_retry, is_t
 URL = "https://compute.googleapis.com/compute/v1/projects/tpupipe-emulated/global/networks"
 
 
-def rest_error(status: int, reason: str = "") -> exceptions.GoogleAPICallError:
+def rest_error(status: int, reason: str = "", errors_reason: str = "") -> exceptions.GoogleAPICallError:
     """What api_core raises for an HTTP answer of ``status`` in Google's JSON error shape, with an ErrorInfo
-    ``reason`` when given (https://cloud.google.com/apis/design/errors)."""
-    error: dict = {"code": status, "message": f"HTTP {status}", "errors": [{"message": f"HTTP {status}"}]}
+    ``reason`` and an ``errors[].reason`` when given (https://cloud.google.com/apis/design/errors)."""
+    entry = {"message": f"HTTP {status}", **({"reason": errors_reason} if errors_reason else {})}
+    error: dict = {"code": status, "message": f"HTTP {status}", "errors": [entry]}
     if reason:
         error["details"] = [
             {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "googleapis.com"}
@@ -54,6 +55,25 @@ def test_an_http_429_that_names_a_quota_is_not_asked_again():
 
 
 @pytest.mark.parametrize(
+    ("errors_reason", "reason", "transient"),
+    [
+        ("rateLimitExceeded", "", True),  # Compute's rate limit (https://cloud.google.com/compute/api-quota)
+        ("userRateLimitExceeded", "", True),
+        ("", "RATE_LIMIT_EXCEEDED", True),
+        ("", "RESOURCE_OPERATION_RATE_EXCEEDED", True),
+        ("rateLimitExceeded", "RATE_LIMIT_EXCEEDED", True),
+        ("forbidden", "", False),  # a refused permission
+        ("quotaExceeded", "", False),
+        ("", "SERVICE_DISABLED", False),
+        ("", "RESOURCE_QUOTA_EXCEEDED", False),
+    ],
+)
+def test_an_http_403_is_asked_again_only_when_it_names_a_rate_limit(errors_reason, reason, transient):
+    error = rest_error(403, reason, errors_reason)
+    assert type(error) is exceptions.Forbidden and is_transient(error) is transient
+
+
+@pytest.mark.parametrize(
     ("code", "reason", "transient"),
     [
         (grpc.StatusCode.UNAVAILABLE, "", True),
@@ -62,6 +82,8 @@ def test_an_http_429_that_names_a_quota_is_not_asked_again():
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "", False),  # a quota: the user's to raise
         (grpc.StatusCode.INTERNAL, "", False),  # api_core's class of HTTP 500, but not an HTTP answer
         (grpc.StatusCode.FAILED_PRECONDITION, "", False),
+        (grpc.StatusCode.PERMISSION_DENIED, "RATE_LIMIT_EXCEEDED", True),
+        (grpc.StatusCode.PERMISSION_DENIED, "", False),
     ],
 )
 def test_grpc_statuses(code, reason, transient):

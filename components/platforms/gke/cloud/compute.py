@@ -6,9 +6,17 @@ cluster the run creates with, when the run needs the internet, its Cloud Router 
 
 Same contract as the GKE adapter (``cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
-progress and a deadline, ``503``/``504`` retried with backoff, quota errors a :class:`CapacityError`. Compute
-operations cannot be cancelled: an interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run
-recorded.
+progress and a deadline, transient answers retried with backoff (``components.cloud.errors.is_transient``, Compute's
+403 rate limit among them), quota errors a :class:`CapacityError`. Compute operations cannot be cancelled: an
+interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run recorded.
+
+Every insert and delete carries a ``request_id``, one UUID per ``ensure`` or ``delete``, the same on each of its
+tries: "Specify a unique request ID so that if you must retry your request, the server will know to ignore the request
+if it has already been completed" (compute_v1's ``InsertNetworkRequest.request_id`` and the other Insert/Delete
+requests, google/cloud/compute_v1/types/compute.py at 1.57.0). A try that took effect but whose answer was an error
+(a ``504``, DEADLINE_EXCEEDED's HTTP mapping, "may be returned even if the operation has completed successfully":
+google/rpc/code.proto) is asked again, and the retry gets that first operation back, which is waited on: not a
+``409`` on a resource still being created, nor a ``404`` on one still being deleted.
 
 Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regions/R/subnetworks/N``,
 ``projects/P/global/firewalls/N``, ``projects/P/regions/R/resourcePolicies/N``; the bodies are the REST JSON that
@@ -18,6 +26,7 @@ Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regi
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,7 +125,8 @@ class Compute(Adapter["Clients"]):
             return None
 
     def ensure(self, kind: str, resource_path: str, body: dict[str, Any], record: Callable[[str, str], None]) -> None:
-        """The resource ``body`` describes at ``resource_path``: reused if it exists, else created and waited on."""
+        """The resource ``body`` describes at ``resource_path``: reused if it exists, else created and waited on (the
+        insert's ``request_id`` the same on every try: a retry gets the operation its first try started)."""
         from google.api_core import exceptions as gexc
         from google.cloud import compute_v1
 
@@ -124,12 +134,12 @@ class Compute(Adapter["Clients"]):
             self.log(f"{kind} {resource_path} exists: reusing it")
             return
         record(kind, resource_path)
-        request = _request(kind, resource_path)
+        request: dict[str, Any] = {**_request(kind, resource_path), "request_id": str(uuid.uuid4())}
         request.pop(KINDS[kind].field)
         request[KINDS[kind].field + "_resource"] = getattr(compute_v1, KINDS[kind].message).from_json(json.dumps(body))
         short = resource_path.rsplit("/", 1)[-1]
         try:
-            op = self.call(f"create {kind} {short}", lambda: self._client(kind).insert(**request))
+            op = self.call(f"create {kind} {short}", lambda: self._client(kind).insert(request=request))
         except gexc.Conflict:
             self.log(f"{kind} {resource_path} already exists: reusing it")
             return
@@ -144,10 +154,9 @@ class Compute(Adapter["Clients"]):
         """Delete and wait; False when it was already gone."""
         from google.api_core import exceptions as gexc
 
+        request = {**_request(kind, resource_path), "request_id": str(uuid.uuid4())}  # the same on every try
         try:
-            op = self.call(
-                f"delete {kind} {resource_path}", lambda: self._client(kind).delete(**_request(kind, resource_path))
-            )
+            op = self.call(f"delete {kind} {resource_path}", lambda: self._client(kind).delete(request=request))
         except gexc.NotFound:
             return False
         self.log(f"deleting {kind} {resource_path}")
