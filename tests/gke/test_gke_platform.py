@@ -1135,7 +1135,12 @@ def test_sigterm_while_the_image_builds_cancels_the_build(tmp_path, project_fact
     gke = platform()
     gke.provision(ctx)
     project.cloudbuild.polls_to_done = 10_000
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    def terminate_once_polled() -> None:  # the wait's first poll runs with its interrupt handler in place
+        wait_until(lambda: "GetBuild" in project.cloudbuild.state.calls, 120, "the build's first poll")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_polled, daemon=True).start()
     with pytest.raises(SystemExit):
         gke.build_image(ctx)
     (build,) = project.cloudbuild.state.builds.values()
