@@ -46,7 +46,9 @@ QUICK_RATE_RETRY = gke_cluster.RetryPolicy(attempts=7, initial_s=0.01, max_s=0.0
 
 
 def platform() -> GkePlatform:
-    return GkePlatform(log=lambda m: None, poll_s=0.05, rate_retry=QUICK_RATE_RETRY)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke.clients.rate_retry = QUICK_RATE_RETRY
+    return gke
 
 
 def test_provision_creates_the_planned_cluster_and_pools_with_the_run_label(tmp_path, project_factory):

@@ -5,6 +5,7 @@ policy's backoff and attempt limit; one gRPC status through a real client, again
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -99,17 +100,23 @@ def test_grpc_statuses(code, reason, transient):
     assert is_transient(exceptions.from_grpc_status(code, "status", error_info=error_info)) is transient
 
 
-@pytest.mark.parametrize("status", [408, 429, 500, 502])
-def test_a_transient_http_answer_is_asked_again_with_the_policys_backoff(status):
-    failures = [rest_error(status), rest_error(status)]
-    sleeps: list[float] = []
-    lines: list[str] = []
+def failing(*failures: Exception) -> Callable[[], str]:
+    """A call that raises ``failures`` one a try, then answers "done"."""
+    left = list(failures)
 
     def call() -> str:
-        if failures:
-            raise failures.pop(0)
+        if left:
+            raise left.pop(0)
         return "done"
 
+    return call
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502])
+def test_a_transient_http_answer_is_asked_again_with_the_policys_backoff(status):
+    call = failing(rest_error(status), rest_error(status))
+    sleeps: list[float] = []
+    lines: list[str] = []
     policy = RetryPolicy(attempts=5, initial_s=1.0, multiplier=2.0, max_s=30.0)
     assert call_with_retry("create network", call, policy, lines.append, sleeps.append) == "done"
     assert sleeps == [1.0, 2.0] and len(lines) == 2 and "(attempt 2/5)" in lines[0]
@@ -199,16 +206,10 @@ def test_a_rate_limit_is_asked_again_past_the_minute_its_quota_refills_in():
 
 
 def test_rate_limits_and_other_transient_errors_count_against_their_own_policies():
-    failures = [rest_error(503), rest_error(403, errors_reason="rateLimitExceeded"), rest_error(503)]
-    failures.append(RateLimited("operation op-1 failed: RESOURCE_OPERATION_RATE_EXCEEDED"))
+    limited = RateLimited("operation op-1 failed: RESOURCE_OPERATION_RATE_EXCEEDED")
+    call = failing(rest_error(503), rest_error(403, errors_reason="rateLimitExceeded"), rest_error(503), limited)
     sleeps: list[float] = []
     lines: list[str] = []
-
-    def call() -> str:
-        if failures:
-            raise failures.pop(0)
-        return "done"
-
     ordinary, rate = RetryPolicy(attempts=3), RetryPolicy(attempts=3, initial_s=7.0)
     assert call_with_retry("create network", call, ordinary, lines.append, sleeps.append, rate) == "done"
     assert sleeps == [1.0, 7.0, 2.0, 14.0] and "(attempt 3/3)" in lines[-1]

@@ -50,7 +50,6 @@ from components.workload import derive as d
 from components.workload.cache import CACHE_PREFIX
 
 if TYPE_CHECKING:
-    from components.cloud.errors import RetryPolicy
     from components.platforms.gke.checks.findings import Report
     from components.platforms.gke.cloud.ray_jobs import JobClient
     from components.platforms.gke.cloud.transient import Backoff
@@ -61,16 +60,10 @@ if TYPE_CHECKING:
 class GkePlatform(Platform):
     name = "gke"
 
-    def __init__(
-        self,
-        log: Callable[[str], None] = print,
-        poll_s: float = 5.0,
-        backoff: Backoff | None = None,
-        rate_retry: RetryPolicy | None = None,
-    ) -> None:
+    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0, backoff: Backoff | None = None) -> None:
         self.log = log
         self.poll_s = poll_s
-        self.clients = Clients(log=log, poll_s=poll_s, backoff=backoff, rate_retry=rate_retry)
+        self.clients = Clients(log=log, poll_s=poll_s, backoff=backoff)
         self.keepers: dict[str, Any] = {}  # run id -> its lost-pods keeper (``lost_pods``), while its jobs run
 
     def check(self, ctx: RunContext) -> None:
