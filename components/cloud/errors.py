@@ -1,9 +1,10 @@
 """What a Google Cloud API's error means to the adapters (:class:`Adapter`, the base of every Google Cloud adapter):
 transient answers retried with backoff (``call_with_retry``, ``is_transient``): gRPC's ``UNAVAILABLE`` and
 ``DEADLINE_EXCEEDED``, and over REST the HTTP statuses Google lists as transient, 408, 429 and the 5xx of a server or
-gateway in trouble, and a 403 that names a rate limit (Compute Engine's); ``RESOURCE_EXHAUSTED`` a quota or a stockout
-(:class:`CapacityError`, the user's to resolve) unless it is a rate limit; a change refused while another operation
-holds the cluster (``is_busy``), asked again later.
+gateway in trouble, and a 403 that names a rate limit (Compute Engine's); a rate limit (``is_rate_limited``) with its
+own longer backoff (``RATE_LIMIT_RETRY``), past the minute in which rate quotas refill; ``RESOURCE_EXHAUSTED`` a quota
+or a stockout (:class:`CapacityError`, the user's to resolve) unless it is a rate limit; a change refused while
+another operation holds the cluster (``is_busy``), asked again later.
 """
 
 from __future__ import annotations
@@ -50,12 +51,31 @@ class GkeError(InfraError):
     """A Google Cloud operation (GKE, Compute Engine, Cloud Build) that ended in an error other than capacity."""
 
 
+class RateLimited(GkeError):
+    """A long-running operation that ended in a rate limit (``is_rate_limited``): what it was to do is not done, and a
+    new request may start it again once the rate refills (Compute Engine's ``RESOURCE_OPERATION_RATE_EXCEEDED``:
+    ``compute.OPERATION_RATE_CODES``)."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 5
     initial_s: float = 1.0
     multiplier: float = 2.0
     max_s: float = 30.0
+
+    def delay_s(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1: the first)."""
+        return min(self.initial_s * self.multiplier ** (retry - 1), self.max_s)
+
+
+# The backoff of a rate limit: a rate quota is counted per minute and refills "at the start of the next synchronized
+# interval, such as 10:01:00" ("If your project exceeds a rate quota, you receive a 403 error with the reason
+# rateLimitExceeded. To resolve this error, wait a minute then try your request again":
+# https://cloud.google.com/compute/api-quota), so its retries span more than a minute: 5, 10, 20, 30, 30, 30 s
+# (125 s) before the seventh and last try, where the ordinary policy's 1, 2, 4, 8 s (15 s) end inside the minute
+# the limit was met in.
+RATE_LIMIT_RETRY = RetryPolicy(attempts=7, initial_s=5.0, multiplier=2.0, max_s=30.0)
 
 
 # RESOURCE_EXHAUSTED is a quota (the user's to raise) or a rate limit (asked again later); Google's APIs say which in
@@ -64,16 +84,17 @@ class RetryPolicy:
 RATE_LIMITED = "RATE_LIMIT_EXCEEDED"
 QUOTA_EXCEEDED = "RESOURCE_QUOTA_EXCEEDED"
 # A REST API's rate limit that comes as HTTP 403, not 429: Compute Engine's ("If your project exceeds a rate quota, you
-# receive a 403 error with the reason rateLimitExceeded", https://cloud.google.com/compute/api-quota), the
-# ``errors[].reason`` of Google's JSON error (https://cloud.google.com/apis/design/errors), where a per-user limit says
-# userRateLimitExceeded: the two 403 reasons google-api-python-client asks again (``_should_retry_response``,
+# receive a 403 error with the reason rateLimitExceeded", https://cloud.google.com/compute/api-quota; and its concurrent
+# operation limit, "a 403 error with the reason rateLimitExceeded", https://cloud.google.com/compute/operations-quota),
+# the ``errors[].reason`` of Google's JSON error (https://cloud.google.com/apis/design/errors), where a per-user limit
+# says userRateLimitExceeded: the two 403 reasons google-api-python-client asks again (``_should_retry_response``,
 # https://github.com/googleapis/google-api-python-client/blob/main/googleapiclient/http.py); or a 403 whose ErrorInfo
-# names a rate limit: error_reason.proto's RATE_LIMIT_EXCEEDED, or Compute's RESOURCE_OPERATION_RATE_EXCEEDED ("Too
-# frequent operations from the source resource": https://github.com/googleapis/python-compute/issues/279). api_core
-# keeps the first as the exception's ``errors`` (the JSON's ``error.errors``) and the ErrorInfo of ``error.details``
-# as its ``reason`` (``format_http_response_error``, google/api_core/exceptions.py at 2.44.0).
+# is error_reason.proto's RATE_LIMIT_EXCEEDED ("If the quota is a rate quota, then 403 RATE_LIMIT_EXCEEDED is
+# returned": https://cloud.google.com/docs/quotas/troubleshoot). api_core keeps the first as the exception's
+# ``errors`` (the JSON's ``error.errors``) and the ErrorInfo of ``error.details`` as its ``reason``
+# (``format_http_response_error``, google/api_core/exceptions.py at 2.44.0). Compute's RESOURCE_OPERATION_RATE_EXCEEDED
+# is no answer's reason but the code of a failed operation's error (``compute.OPERATION_RATE_CODES``).
 RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
-RATE_LIMIT_INFO = frozenset({RATE_LIMITED, "RESOURCE_OPERATION_RATE_EXCEEDED"})
 # The HTTP statuses of a REST answer that are transient: "HTTP 408, 429, and 5xx response codes" (Cloud Storage's retry
 # strategy, https://cloud.google.com/storage/docs/retry-strategy, "Response"), the 5xx as google-cloud-storage retries
 # them (_RETRYABLE_STATUS_CODES, google/cloud/storage/retry.py at 3.17.1: 500, 502, 503, 504; 501 Not Implemented
@@ -88,11 +109,24 @@ def is_rate_limit(exc: BaseException) -> bool:
 
 
 def is_forbidden_rate_limit(exc: BaseException) -> bool:
-    """A 403 that is a rate limit (``RATE_LIMIT_REASONS`` among its ``errors``, or ErrorInfo ``RATE_LIMIT_INFO``),
-    not a refused permission: it passes when the quota refills ("wait a minute then try your request again",
+    """A 403 that is a rate limit (``RATE_LIMIT_REASONS`` among its ``errors``, or ErrorInfo ``RATE_LIMITED``), not a
+    refused permission: it passes when the quota refills ("wait a minute then try your request again",
     https://cloud.google.com/compute/api-quota)."""
     reasons = {e.get("reason") for e in getattr(exc, "errors", None) or () if isinstance(e, dict)}
-    return bool(reasons & RATE_LIMIT_REASONS) or getattr(exc, "reason", None) in RATE_LIMIT_INFO
+    return bool(reasons & RATE_LIMIT_REASONS) or is_rate_limit(exc)
+
+
+def is_rate_limited(exc: BaseException) -> bool:
+    """An error that a rate quota's refill ends, asked again with ``RATE_LIMIT_RETRY``: an answer whose ErrorInfo is
+    ``RATE_LIMITED`` (gRPC's ``RESOURCE_EXHAUSTED``, an HTTP 429 or 403), a 403 that is a rate limit
+    (``is_forbidden_rate_limit``: Compute Engine's), or an operation that ended in one (:class:`RateLimited`)."""
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, RateLimited):
+        return True
+    if isinstance(exc, gexc.Forbidden):
+        return is_forbidden_rate_limit(exc)
+    return isinstance(exc, gexc.GoogleAPICallError) and is_transient(exc) and is_rate_limit(exc)
 
 
 def over_rest(exc: BaseException) -> bool:
@@ -124,27 +158,38 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def call_with_retry[T](
-    what: str, fn: Callable[[], T], retry: RetryPolicy, log: Callable[[str], None], sleep: Callable[[float], None]
+    what: str,
+    fn: Callable[[], T],
+    retry: RetryPolicy,
+    log: Callable[[str], None],
+    sleep: Callable[[float], None],
+    rate_retry: RetryPolicy = RATE_LIMIT_RETRY,
 ) -> T:
-    """``fn()``, with a transient error (``is_transient``) asked again with backoff, ``retry.attempts`` tries in all."""
+    """``fn()``, with a transient error (``is_transient``) asked again with ``retry``'s backoff, ``retry.attempts``
+    tries in all, and a rate limit (``is_rate_limited``) with ``rate_retry``'s, each policy counting its own tries."""
     from google.api_core import exceptions as gexc
 
-    delay = retry.initial_s
-    for attempt in range(1, retry.attempts + 1):
+    failures = {False: 0, True: 0}  # by whether the error was a rate limit
+    while True:
         try:
             return fn()
-        except gexc.GoogleAPICallError as exc:
-            if not is_transient(exc):
+        except Exception as exc:
+            limited = is_rate_limited(exc)
+            if not limited and not (isinstance(exc, gexc.GoogleAPICallError) and is_transient(exc)):
                 raise
-            if attempt == retry.attempts:
-                raise GkeError(f"{what}: still {type(exc).__name__} after {attempt} attempts: {exc.message}") from exc
+            policy = rate_retry if limited else retry
+            failures[limited] += 1
+            message = getattr(exc, "message", None) or str(exc)
+            if failures[limited] >= policy.attempts:
+                raise GkeError(
+                    f"{what}: still {type(exc).__name__} after {failures[limited]} attempts: {message}"
+                ) from exc
+            delay = policy.delay_s(failures[limited])
             log(
-                f"  {what}: {type(exc).__name__} ({exc.message}); retrying in {delay:.0f}s "
-                f"(attempt {attempt + 1}/{retry.attempts})"
+                f"  {what}: {type(exc).__name__} ({message}); retrying in {delay:.0f}s "
+                f"(attempt {failures[limited] + 1}/{policy.attempts})"
             )
             sleep(delay)
-            delay = min(delay * retry.multiplier, retry.max_s)
-    raise AssertionError("unreachable")
 
 
 def progress_every(period_s: float, poll_s: float, what: str, log: Callable[[str], None]) -> Callable[[float], None]:
@@ -171,7 +216,8 @@ def is_busy(message: str) -> bool:
 
 class Adapter[C]:
     """What every Google Cloud adapter shares: a client (``C``, its type: a GAPIC client, or what an adapter bundles
-    of them), progress lines, transient codes retried (``call``), and the poll interval, operation deadline, clock and
+    of them), progress lines, transient codes and rate limits retried (``call``, with ``retry`` and ``rate_retry``),
+    and the poll interval, operation deadline, clock and
     sleep its waits use (injected in tests)."""
 
     def __init__(
@@ -180,6 +226,7 @@ class Adapter[C]:
         *,
         log: Callable[[str], None] = print,
         retry: RetryPolicy | None = None,
+        rate_retry: RetryPolicy | None = None,
         operation_timeout_s: float = 1800.0,
         poll_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -188,13 +235,14 @@ class Adapter[C]:
         self.client = client
         self.log = log
         self.retry = retry or RetryPolicy()
+        self.rate_retry = rate_retry or RATE_LIMIT_RETRY
         self.operation_timeout_s = operation_timeout_s
         self.poll_s = poll_s
         self.clock = clock
         self.sleep = sleep
 
     def call[T](self, what: str, fn: Callable[[], T]) -> T:
-        return call_with_retry(what, fn, self.retry, self.log, self.sleep)
+        return call_with_retry(what, fn, self.retry, self.log, self.sleep, self.rate_retry)
 
     def poll_until[T](
         self,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from components.cloud.credentials import storage_client
 from components.cloud.errors import Adapter
 from components.cloud.iam import IAM_POLICY_VERSION
-from components.spec import SpecError
+from components.spec import InfraError, SpecError
 
 if TYPE_CHECKING:
     from google.api_core.iam import Policy
@@ -96,14 +96,26 @@ class SourceChanged(RuntimeError):
         self.changed = changed
 
 
+# The object's metadata a copy carries from its source (google-cloud-storage's ``Blob`` properties of the object
+# resource's contentType, contentEncoding, contentLanguage, contentDisposition, cacheControl, customTime), beside its
+# custom metadata: a rewrite whose body gives metadata replaces the destination's with the body's (``Storage._copy``).
+CONTENT_METADATA = (
+    "content_type",
+    "content_encoding",
+    "content_language",
+    "content_disposition",
+    "cache_control",
+    "custom_time",
+)
 # The custom metadata key (the object resource's ``metadata``: https://cloud.google.com/storage/docs/metadata#custom-
 # metadata) under which ``copy_prefix`` writes its call's nonce into each object it writes.
 COPY_NONCE = "tpupipe-copy"
 
 
 def same_bytes(one: Blob, other: Blob) -> bool:
-    """Whether two objects hold the same bytes: the same size, and the same MD5 where both have one, else the same
-    CRC32C. "All Cloud Storage objects have a CRC32C hash", and MD5 "is not supported for composite objects"
+    """Whether two objects are known to hold the same bytes: the same size, and the same MD5 where both have one, else
+    the same CRC32C where both have one; False where they share no hash (unknown is not the same). "All Cloud Storage
+    objects have a CRC32C hash", and MD5 "is not supported for composite objects"
     (https://cloud.google.com/storage/docs/hashes-etags; "Composite objects do not have an MD5 hash metadata field":
     https://cloud.google.com/storage/docs/composite-objects), so CRC32C is what two objects of which one is composite
     can be compared by; MD5, a cryptographic hash where CRC32C is not, where both carry it."""
@@ -111,7 +123,7 @@ def same_bytes(one: Blob, other: Blob) -> bool:
         return False
     if one.md5_hash and other.md5_hash:
         return bool(one.md5_hash == other.md5_hash)
-    return bool(one.crc32c == other.crc32c)
+    return bool(one.crc32c and other.crc32c and one.crc32c == other.crc32c)
 
 
 def _pinned(found: list[Blob], source: str, generations: dict[str, int]) -> list[Blob]:
@@ -201,8 +213,10 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         request with 412 when the source's live generation is another: the rewrite page's query parameters and
         https://cloud.google.com/storage/docs/request-preconditions), so a source rewritten or gone since is copied
         in no part of it: :class:`SourceChanged` naming them. (objects copied, objects in all, bytes copied);
-        (0, 0, 0) when ``source/`` holds nothing. A ``create_only`` copy that fails deletes what it wrote: its
-        destination holds none of it (what an earlier copy or another writer made is kept)."""
+        (0, 0, 0) when ``source/`` holds nothing. What the copy kept rather than wrote (an earlier copy's object,
+        another writer's) is listed again at the end: one gone or holding other bytes since (another writer's copy that
+        failed and deleted what it wrote, say) is copied again. A ``create_only`` copy that fails deletes what it wrote:
+        its destination holds none of it (what an earlier copy or another writer made is kept)."""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
         have = {b.name: b for b in self._listed(name, destination)}
@@ -210,20 +224,40 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             found = _pinned(found, source, generations)
         nonce = uuid.uuid4().hex  # this call's: in each object it writes
         made: list[tuple[str, int]] = []  # (name, generation) of each object this call wrote
+
+        def target(blob: Blob) -> str:
+            return f"{destination}/{blob.name.removeprefix(f'{source}/')}"
+
+        def missing(there: dict[str, Blob], blobs: list[Blob]) -> list[Blob]:
+            return [b for b in blobs if not (target(b) in there and same_bytes(there[target(b)], b))]
+
         try:
-            for blob in found:
-                target = f"{destination}/{blob.name.removeprefix(f'{source}/')}"
-                if target in have and same_bytes(have[target], blob):
-                    continue
-                generation = self._copy(bucket, blob, target, source, create_only, generations, nonce)
-                if generation is not None:
-                    made.append((target, generation))
+            pending = missing(have, found)
+            for _ in range(self.retry.attempts):
+                for blob in pending:
+                    generation = self._copy(bucket, blob, target(blob), source, create_only, generations, nonce)
+                    if generation is not None:
+                        made.append((target(blob), generation))
+                written = {path for path, _ in made}
+                kept = [b for b in found if target(b) not in written]  # already there, or another writer's copy
+                pending = missing({b.name: b for b in self._listed(name, destination)}, kept) if kept else []
+                if not pending:
+                    break
+                self.log(
+                    f"  {len(pending)} objects kept under gs://{name}/{destination}/ (another writer's copies, or an "
+                    "earlier copy's) are gone or hold other bytes since: copying them again"
+                )
+            else:
+                raise InfraError(
+                    f"copy gs://{name}/{source}/ to gs://{name}/{destination}/: the objects another writer keeps "
+                    f"deleting or changing there: {', '.join(target(b) for b in pending)}"
+                )
         except BaseException:
             if create_only:  # made whole or not at all: no part of a failed copy is left where it was going
                 self._undo(name, made)
             raise
-        written = {target for target, _ in made}
-        size = sum(b.size or 0 for b in found if f"{destination}/{b.name.removeprefix(f'{source}/')}" in written)
+        written = {path for path, _ in made}
+        size = sum(b.size or 0 for b in found if target(b) in written)
         return len(made), len(found), size
 
     def _copy(
@@ -240,16 +274,17 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         metadata; None when a create-only rewrite finds another writer's copy of the same bytes there (kept: not this
         call's to undo). The rewrite sends the destination's resource as its body (``Blob.rewrite`` posts the blob's
         properties, google/cloud/storage/blob.py at 3.17.1; objects.rewrite "Optionally overrides metadata":
-        https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), so the copy gets the source's custom
-        metadata and the nonce. A create-only rewrite refused with 412 by a ``target`` that carries ``nonce`` is this
-        call's own: a retry of a request that took effect but whose reply was lost. Such a rewrite is asked again:
-        "Socket timeouts and TCP disconnects" are transient (https://cloud.google.com/storage/docs/retry-strategy,
-        "Response"), and a write with a generation precondition is safe to retry (the same page, "Conditional
-        idempotency"), so google-cloud-storage retries it itself (``DEFAULT_RETRY_IF_GENERATION_SPECIFIED``,
-        google/cloud/storage/blob.py at 3.17.1), as does ``call``; the retry then finds its own first try's object in
-        place, and its ``ifGenerationMatch=0`` fails (412: https://cloud.google.com/storage/docs/request-preconditions).
-        A ``target`` without the nonce is another writer's: kept when it holds the source's bytes
-        (:func:`same_bytes`), else refused."""
+        https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), and a body that gives metadata replaces all
+        of the destination's (https://github.com/googleapis/google-cloud-java/issues/306): the body carries the source's
+        content metadata (``CONTENT_METADATA``) and custom metadata, and the nonce. A create-only rewrite refused with
+        412 by a ``target`` that carries ``nonce`` is this call's own: a retry of a request that took effect but whose
+        reply was lost. Such a rewrite is asked again: "Socket timeouts and TCP disconnects" are transient
+        (https://cloud.google.com/storage/docs/retry-strategy, "Response"), and a write with a generation precondition
+        is safe to retry (the same page, "Conditional idempotency"), so google-cloud-storage retries it itself
+        (``DEFAULT_RETRY_IF_GENERATION_SPECIFIED``, google/cloud/storage/blob.py at 3.17.1), as does ``call``; the retry
+        then finds its own first try's object in place, and its ``ifGenerationMatch=0`` fails (412:
+        https://cloud.google.com/storage/docs/request-preconditions). A ``target`` without the nonce is another
+        writer's: kept when it holds the source's bytes (:func:`same_bytes`), else refused."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         name = bucket.name
@@ -258,7 +293,10 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             kept["if_source_generation_match"] = int(blob.generation)
         token = None
         copy = bucket.blob(target)
-        copy.metadata = {**(blob.metadata or {}), COPY_NONCE: nonce}  # the source's too, should the body's replace it
+        for prop in CONTENT_METADATA:  # the body's metadata replaces the source's: all of the source's, carried
+            if getattr(blob, prop) is not None:
+                setattr(copy, prop, getattr(blob, prop))
+        copy.metadata = {**(blob.metadata or {}), COPY_NONCE: nonce}
         try:
             while True:
                 token, _, _ = self.call(

@@ -35,7 +35,12 @@ unless ``skip_default_network`` says the organisation skips it (``constraints/co
 Faults are injected per method ("networks.insert", "subnetworks.delete", "globalOperations.get", ...): an HTTP
 error for the next N matching calls (``fail``), before the call takes effect; a rate limit (``rate_limit``) as Compute
 answers one, HTTP 403 with the reason ``rateLimitExceeded`` ("If your project exceeds a rate quota, you receive a 403
-error with the reason rateLimitExceeded": https://cloud.google.com/compute/api-quota); a lost answer (``lose``): the
+error with the reason rateLimitExceeded": https://cloud.google.com/compute/api-quota); a rate quota
+(``limit_rate``): N requests of a quota group a minute, counted per project in the synchronized minutes of the
+emulator's ``clock`` (Compute "enforces rate quotas at a per-minute interval for each group ... if a project reaches a
+quota limit at 10:00:15, the quota refills at the start of the next synchronized interval, such as 10:01:00": the same
+page), each further request of that minute refused as ``rate_limit`` refuses it; an operation that ends in Compute's
+RESOURCE_OPERATION_RATE_EXCEEDED (``operation_rate``); a lost answer (``lose``): the
 call takes effect and its answer is an error, a 504 by default (DEADLINE_EXCEEDED's HTTP mapping, which "may be
 returned even if the operation has completed successfully": google/rpc/code.proto); or a quota failure, where the
 insert is accepted and its operation ends DONE with the QUOTA_EXCEEDED error Compute reports. ``in_use`` lets another
@@ -65,6 +70,7 @@ import itertools
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -176,6 +182,19 @@ TPU_METRICS = (
     "TPU_LITE_PODSLICE_V5",
     "PREEMPTIBLE_TPU_LITE_PODSLICE_V5",
 )
+# Compute's rate quota groups (metric, limit) by metric name: "Rate quotas for global metrics" at
+# https://cloud.google.com/compute/api-quota (1,500 requests a minute each by default).
+QUOTA_GROUPS = {
+    name: (f"compute.googleapis.com/{name}", limit)
+    for name, limit in (
+        ("default", "defaultPerMinutePerProject"),
+        ("read_requests", "ReadRequestsPerMinutePerProject"),
+        ("list_requests", "ListRequestsPerMinutePerProject"),
+        ("operation_read_requests", "OperationReadRequestsPerMinutePerProject"),
+    )
+}
+# The code of a failed operation's error when operations on one resource come too often (``operation_rate``).
+OPERATION_RATE_EXCEEDED = "RESOURCE_OPERATION_RATE_EXCEEDED"
 NETWORK_REF = re.compile(r"(?:.*/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/(?P<name>[^/]+)")
 
 
@@ -204,6 +223,8 @@ class State:
     withheld: set[tuple[str, str]] = field(default_factory=set)  # (zone, machine type) not offered there
     no_default_network: set[str] = field(default_factory=set)  # projects made without the default network
     requests: dict[tuple[str, str], str] = field(default_factory=dict)  # (project, requestId) -> its operation's path
+    rate_limits: dict[str, int] = field(default_factory=dict)  # quota metric ("default", ...) -> requests a minute
+    metered: dict[tuple[str, str, int], int] = field(default_factory=dict)  # (project, metric, minute) -> requests
 
 
 def _now() -> str:
@@ -217,8 +238,9 @@ def _scope(params: dict) -> str:
 class ComputeEmulator(HttpEmulator):
     """The service; ``start()`` serves it on 127.0.0.1 over plain HTTP and returns the endpoint."""
 
-    def __init__(self, token: str = "", polls_to_done: int = 2):
+    def __init__(self, token: str = "", polls_to_done: int = 2, clock: Callable[[], float] = time.time):
         super().__init__()
+        self.clock = clock  # seconds since the epoch: the rate quotas' minutes are its
         self.state = State()
         self.faults: list[Fault] = []
         self.token = token  # when set, requests must carry "Authorization: Bearer <token>"
@@ -256,25 +278,64 @@ class ComputeEmulator(HttpEmulator):
 
     def rate_limit(self, method: str, times: int = 1, when: Callable[[dict], bool] = lambda body: True) -> None:
         """The next ``times`` calls of ``method`` matching ``when`` are refused as over a rate quota, before they take
-        effect, as Compute refuses them: HTTP 403 with the reason ``rateLimitExceeded``
-        (https://cloud.google.com/compute/api-quota) and the ErrorInfo of a rate quota (google/api/error_reason.proto,
-        RATE_LIMIT_EXCEEDED: its consumer, service, quota metric and limit; the metric and limit of Compute's global
-        mutation or read methods, https://cloud.google.com/compute/docs/api-rate-limits). The message's words are the
-        emulator's."""
-        metric, limit = ("read_requests", "ReadRequestsPerMinutePerProject")
-        if not method.endswith(".get"):
-            metric, limit = ("default", "defaultPerMinutePerProject")
+        effect, as Compute refuses them (``_rate_refusal``)."""
+        error = self._rate_refusal(method)
+        self.faults.append(Fault(method, 403, error.reason, error.message, times, when, info=error.info))
+
+    def limit_rate(self, metric: str, per_minute: int) -> None:
+        """At most ``per_minute`` requests of the quota group ``metric`` ("default", "read_requests",
+        "list_requests", "operation_read_requests": ``QUOTA_GROUPS``) a project in each minute of ``clock``; the
+        others of that minute are refused (``_rate_refusal``), before they take effect, and count for nothing."""
+        with self._lock:
+            self.state.rate_limits[metric] = per_minute
+
+    @staticmethod
+    def _quota_group(method: str) -> tuple[str, str]:
+        """The rate quota (metric, limit) ``method`` counts against, as Compute's "Rate quotas for global metrics" table
+        groups the methods (https://cloud.google.com/compute/api-quota): "Operation read requests" globalOperations.get,
+        "Read requests" the other ``*.get``, "List requests" ``*.list``, and "Queries" (``default``) the mutation
+        methods. The emulator counts regional methods in the same groups."""
+        if method == "globalOperations.get":
+            return QUOTA_GROUPS["operation_read_requests"]
+        if method.endswith(".get"):
+            return QUOTA_GROUPS["read_requests"]
+        if method.endswith(".list"):
+            return QUOTA_GROUPS["list_requests"]
+        return QUOTA_GROUPS["default"]
+
+    def _rate_refusal(self, method: str) -> HttpError:
+        """Compute's answer to a request over a rate quota: HTTP 403, the reason ``rateLimitExceeded`` in the domain
+        ``usageLimits`` ("Rate Limit Exceeded": https://cloud.google.com/compute/docs/troubleshooting/troubleshoot-
+        operation-limits), and the ErrorInfo of a rate quota (google/api/error_reason.proto, RATE_LIMIT_EXCEEDED: its
+        service, quota metric and limit; "If the quota is a rate quota, then 403 RATE_LIMIT_EXCEEDED is returned":
+        https://cloud.google.com/docs/quotas/troubleshoot). The message's words after the first are the emulator's."""
+        metric, limit = self._quota_group(method)
         info = {
             "reason": "RATE_LIMIT_EXCEEDED",
             "domain": "googleapis.com",
-            "metadata": {
-                "service": "compute.googleapis.com",
-                "quota_metric": f"compute.googleapis.com/{metric}",
-                "quota_limit": limit,
-            },
+            "metadata": {"service": "compute.googleapis.com", "quota_metric": metric, "quota_limit": limit},
         }
-        message = f"Quota exceeded for quota metric 'compute.googleapis.com/{metric}' and limit '{limit}'."
-        self.faults.append(Fault(method, 403, "rateLimitExceeded", message, times, when, info=info))
+        message = f"Rate Limit Exceeded: quota metric '{metric}', limit '{limit}'."
+        return HttpError(403, message, "rateLimitExceeded", info, domain="usageLimits")
+
+    def _meter(self, method: str, project: str) -> None:
+        """Count the request against its quota group's minute (``limit_rate``), or refuse it (under the lock)."""
+        metric = self._quota_group(method)[0].removeprefix("compute.googleapis.com/")
+        limit = self.state.rate_limits.get(metric)
+        if limit is None:
+            return
+        key = (project, metric, int(self.clock() // 60))
+        if self.state.metered.get(key, 0) >= limit:
+            raise self._rate_refusal(method)
+        self.state.metered[key] = self.state.metered.get(key, 0) + 1
+
+    def operation_rate(self, method: str, when: Callable[[dict], bool] = lambda body: True, times: int = 1) -> None:
+        """The next insert ``method`` matching ``when`` is accepted, and its operation ends DONE with the error Compute
+        reports when operations on a resource come too often: the code RESOURCE_OPERATION_RATE_EXCEEDED, "Operation
+        rate exceeded for resource '...'. Too frequent operations from the source resource."
+        (https://github.com/kubernetes-sigs/gcp-compute-persistent-disk-csi-driver/pull/1847), and HTTP 403
+        (https://github.com/googleapis/python-compute/issues/279); nothing is created."""
+        self.faults.append(Fault(method, None, OPERATION_RATE_EXCEEDED, "", times, when))
 
     def lose(
         self, method: str, status: int = 504, times: int = 1, when: Callable[[dict], bool] = lambda body: True
@@ -287,7 +348,7 @@ class ComputeEmulator(HttpEmulator):
 
     def quota(self, method: str, when: Callable[[dict], bool] = lambda body: True, times: int = 1) -> None:
         """The next insert ``method`` matching ``when`` is accepted, and its operation fails with QUOTA_EXCEEDED."""
-        self.faults.append(Fault(method, None, "", "", times, when))
+        self.faults.append(Fault(method, None, "QUOTA_EXCEEDED", "", times, when))
 
     def _fault(self, method: str, request: dict) -> Fault | None:
         return take_fault(self.faults, self._lock, method, request)
@@ -495,13 +556,16 @@ class ComputeEmulator(HttpEmulator):
             self.state.calls.append(method)
         if self.token and not authorized(self.token, http.headers.get("Authorization")):
             raise HttpError(401, "Request had invalid authentication credentials.", "authError")
+        with self._lock:
+            self._meter(method, params["project"])
         try:
             request = json.loads(text) if method.endswith(".insert") else {}
         except ValueError as e:
             raise HttpError(400, f"Invalid JSON payload received. {e}") from None
         fault = self._fault(method, request if method.endswith(".insert") else params)
         if fault and fault.status is not None and not fault.lost:
-            raise HttpError(fault.status, fault.message, fault.reason, fault.info)
+            domain = "usageLimits" if fault.reason == "rateLimitExceeded" else "global"
+            raise HttpError(fault.status, fault.message, fault.reason, fault.info, domain=domain)
         lost, fault = (fault, None) if fault and fault.lost else (None, fault)
         reads = {
             "regions.get": self._region,
@@ -774,7 +838,16 @@ class ComputeEmulator(HttpEmulator):
         if path in self._table(kind) or path in self.state.creating:
             raise HttpError(409, f"The resource '{path}' already exists", "alreadyExists")
         error = None
-        if fault is not None:
+        if fault is not None and fault.reason == OPERATION_RATE_EXCEEDED:
+            message = (
+                f"Operation rate exceeded for resource '{path}'. Too frequent operations from the source resource."
+            )
+            error = {
+                "error": {"errors": [{"code": OPERATION_RATE_EXCEEDED, "message": message}]},
+                "httpErrorStatusCode": 403,
+                "httpErrorMessage": "FORBIDDEN",
+            }
+        elif fault is not None:
             where = f"in region {params['region']}" if params["region"] else "globally"
             error = {
                 "error": {

@@ -40,16 +40,17 @@ class HttpError(Exception):
     """An error answer in Google's JSON shape, so the clients raise the ``google.api_core.exceptions`` class of its
     status."""
 
-    def __init__(self, status: int, message: str, reason: str = "", info: dict | None = None):
+    def __init__(self, status: int, message: str, reason: str = "", info: dict | None = None, domain: str = "global"):
         super().__init__(message)
         self.status, self.message, self.reason = status, message, reason or REASONS.get(status, "error")
         self.info = info  # a google.rpc.ErrorInfo (reason, domain, metadata), sent in the error's details
+        self.domain = domain  # the ``errors[].domain``
 
     def body(self) -> dict:
         error = {
             "code": self.status,
             "message": self.message,
-            "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+            "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
         }
         if self.info:  # Google's error model carries it in details (https://cloud.google.com/apis/design/errors)
             error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", **self.info}]

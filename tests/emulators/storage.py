@@ -67,15 +67,16 @@ caller holds on the bucket: "Permissions are not required for using this method"
 Google's own Cloud Storage testbench answers it (it gets the bucket first:
 https://github.com/googleapis/storage-testbench/blob/main/testbench/rest_server.py, ``bucket_test_iam_permissions``).
 
-A copy (``POST .../o/SOURCE/copyTo/b/BUCKET/o/NAME``, https://cloud.google.com/storage/docs/json_api/v1/objects/copy)
-or a rewrite (``.../rewriteTo/...``, https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite, answered done
-in one call) writes the source's data as a new object (a new generation) at the destination, with the source's
-content metadata (contentType, custom metadata, ...) unless the request body gives the destination's: 404 for a
-source or a bucket that does not exist; the source's generation may be named (``sourceGeneration``) and its
-preconditions are ``ifSourceGenerationMatch`` etc., the destination's ``ifGenerationMatch`` etc. A composition
-(``POST .../o/NAME/compose``) writes its sources' data, in order, as a composite object: it has a CRC32C, a component
-count and no MD5 (https://cloud.google.com/storage/docs/composite-objects), and so has a copy of it; its download's
-``x-goog-hash`` is its CRC32C alone.
+A copy (``POST .../o/SOURCE/copyTo/b/BUCKET/o/NAME``, https://cloud.google.com/storage/docs/json_api/v1/objects/copy) or
+a rewrite (``.../rewriteTo/...``, https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite, answered done in
+one call) writes the source's data as a new object (a new generation) at the destination, with the source's content
+metadata (contentType, custom metadata, ...) unless the request body gives the destination's, which then replaces all of
+it (``COPIED_FIELDS``): 404 for a source or a bucket that does not exist; the source's generation may be named
+(``sourceGeneration``) and its preconditions are ``ifSourceGenerationMatch`` etc., the destination's
+``ifGenerationMatch`` etc. A composition (``POST .../o/NAME/compose``) writes its sources' data, in order, as a
+composite object: it has a CRC32C, a component count and no MD5
+(https://cloud.google.com/storage/docs/composite-objects), and so has a copy of it; its download's ``x-goog-hash`` is
+its CRC32C alone.
 
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
 "buckets.testIamPermissions", "objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy",
@@ -291,9 +292,16 @@ RESOURCE_NOUNS = {
     "object": "Google Cloud Storage object",
     "destination": "Google Cloud Storage object",
 }
-# the object metadata a copy or rewrite gives the destination from its source, where the request body (the
-# destination's metadata: https://cloud.google.com/storage/docs/json_api/v1/objects/copy#request-body) does not give
-# it; a body may name the storage class too
+# the object metadata a copy or rewrite gives the destination: the source's, unless the request body (an object
+# resource: "Optionally overrides metadata", https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite; "supply
+# metadata to apply to the destination object", https://cloud.google.com/storage/docs/json_api/v1/objects/copy) gives
+# any of it, which then replaces all of it: the body's fields are the destination's and the source's others are not
+# carried ("supplying a StorageObject content it is going to be used for blob's metadata overriding values", content
+# type included: https://github.com/googleapis/google-cloud-java/issues/306). A body of the name alone (what
+# google-cloud-storage's ``Blob.rewrite`` posts for a new ``Blob``) overrides nothing. A body may name the storage class
+# too. (Google's storage-testbench patches a body onto the source's metadata instead, ``objects_rewrite`` in
+# testbench/rest_server.py at v0.63.0: a rewrite that relied on it would lose the source's content type on the
+# service.)
 COPIED_FIELDS = (
     "contentType",
     "contentEncoding",
@@ -645,6 +653,11 @@ class StorageEmulator(HttpEmulator):
             if bucket not in self.state.buckets:
                 raise KeyError(f"no bucket {bucket}")
             self._store(bucket, {"name": name, **metadata}, data, content_type, {})
+
+    def remove(self, bucket: str, name: str) -> None:
+        """Delete an object as another writer would (its own copy undone, say)."""
+        with self._lock:
+            self._objects.delete(bucket, name)
 
     def data(self, bucket: str, name: str) -> bytes | None:
         """The object's data (with ``root``: its file's bytes), or None when there is no such object."""
@@ -1302,7 +1315,8 @@ class StorageEmulator(HttpEmulator):
     def _copy_object(self, method: str, bucket: str, name: str, destination: dict, query: dict, body: dict) -> dict:
         """objects.copy and objects.rewrite: the source (its generation and preconditions the ``source*`` parameters)
         written as a new generation of the destination (its preconditions the others), with the source's content
-        metadata where the body gives none. A rewrite is done in one call: its response carries the resource."""
+        metadata unless the body gives some, which then replaces it (``COPIED_FIELDS``). A rewrite is done in one
+        call: its response carries the resource."""
         unknown = sorted(set(body) - OBJECT_FIELDS)
         if unknown:
             raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
@@ -1310,8 +1324,9 @@ class StorageEmulator(HttpEmulator):
         stored = self._object(bucket, name, source_query)
         data = self._objects.read(bucket, name, stored)
         source = stored["metadata"]
+        given = any(key in body for key in COPIED_FIELDS)  # a body that overrides the metadata replaces all of it
         metadata = {
-            **{key: copy.deepcopy(source[key]) for key in COPIED_FIELDS if key in source},
+            **{key: copy.deepcopy(source[key]) for key in COPIED_FIELDS if key in source and not given},
             **{key: body[key] for key in (*COPIED_FIELDS, "storageClass") if key in body},
             "name": destination["object"],
         }
@@ -1325,7 +1340,7 @@ class StorageEmulator(HttpEmulator):
             destination["bucket"],
             metadata,
             data,
-            source["contentType"],
+            "" if given else source["contentType"],
             {key: value for key, value in query.items() if key in DESTINATION_QUERY},
             components=components,
         )

@@ -337,3 +337,48 @@ def test_a_lost_answer_took_effect_and_a_retry_with_its_request_id_finds_its_ope
     assert gone.operation_type == "delete"
     gone.result(timeout=10)
     assert compute.names("networks") == []
+
+
+def test_a_rate_quota_refuses_past_its_limit_until_the_next_synchronized_minute():
+    """Compute counts each quota group's requests per minute and refills it at the start of the next minute
+    (https://cloud.google.com/compute/api-quota): past the limit a request is refused as a rate limit and takes no
+    effect; another group is counted apart; at the next minute the quota is whole again."""
+    now = [60 * 1000 + 30.0]  # half a minute into a minute
+    emulator = ComputeEmulator(token=TOKEN, clock=lambda: now[0])
+    emulator.start()
+    try:
+        clients = Clients(emulator.endpoint, Credentials(token=TOKEN))
+        emulator.limit_rate("default", 2)
+        clients.network("net-a")
+        clients.network("net-b")
+        with pytest.raises(exceptions.Forbidden) as refused:
+            clients.network("net-c")
+        assert refused.value.errors[0]["reason"] == "rateLimitExceeded"
+        assert refused.value.errors[0]["domain"] == "usageLimits"
+        assert refused.value.reason == "RATE_LIMIT_EXCEEDED"
+        assert refused.value.metadata["quota_limit"] == "defaultPerMinutePerProject"
+        assert "net-c" not in str(emulator.state.creating) and len(emulator.state.operations) == 2
+        clients.networks.get(project=PROJECT, network="default")  # read_requests: its own group
+        now[0] += 29.0  # still the same minute
+        with pytest.raises(exceptions.Forbidden):
+            clients.network("net-c")
+        now[0] += 1.0  # the next minute
+        clients.network("net-c")
+        assert len(emulator.state.operations) == 3
+    finally:
+        emulator.stop()
+
+
+def test_an_operation_that_ends_rate_limited_made_nothing(compute, clients):
+    compute.polls_to_done = 1
+    compute.operation_rate("networks.insert")
+    op = clients.network()
+    with pytest.raises(exceptions.Forbidden):  # as google-cloud-compute raises it: the code is in the operation only
+        op.result(timeout=10)
+    done = clients.networks.transport._extended_operations_services["global_operations"].get(
+        project=PROJECT, operation=op.name
+    )
+    assert [e.code for e in done.error.errors] == ["RESOURCE_OPERATION_RATE_EXCEEDED"]
+    assert done.http_error_status_code == 403 and compute.names("networks") == []
+    clients.network().result(timeout=10)
+    assert compute.names("networks") == ["net-a"]

@@ -884,20 +884,6 @@ def test_a_lost_reply_took_effect_and_a_retry_with_a_generation_precondition_fin
     assert gcs.data("tpupipe-ckpt", "runs/r1/step.txt") == b"1"
 
 
-def test_a_rewrite_gives_the_destination_the_metadata_its_body_names(gcs):
-    """Blob.rewrite posts the destination's properties as the body: custom metadata set on it is the copy's, in place
-    of the source's ("Optionally overrides metadata": objects.rewrite); the source's content type is kept."""
-    bucket = create(client())
-    source = bucket.blob("runs/r1/model.bin")
-    source.metadata = {"step": "100"}
-    source.upload_from_string(b"weights", content_type="application/x-weights")
-    destination = bucket.blob("models/m1/model.bin")
-    destination.metadata = {"step": "100", "copy": "n1"}
-    destination.rewrite(source, if_generation_match=0)
-    copied = bucket.get_blob("models/m1/model.bin")
-    assert copied.metadata == {"step": "100", "copy": "n1"} and copied.content_type == "application/x-weights"
-
-
 def test_another_writers_change_is_made_just_before_the_matching_call(gcs):
     bucket = create(client())
     source = bucket.blob("runs/r1/model.bin")
@@ -912,3 +898,29 @@ def test_another_writers_change_is_made_just_before_the_matching_call(gcs):
     assert gcs.data("tpupipe-ckpt", "models/m1/model.bin") == b"theirs"
     bucket.blob("models/m2/model.bin").rewrite(source, if_generation_match=0)  # the change was made once
     assert gcs.data("tpupipe-ckpt", "models/m2/model.bin") == b"weights"
+
+
+def test_a_rewrite_body_that_gives_metadata_replaces_all_of_the_sources(gcs):
+    """objects.rewrite "Optionally overrides metadata" with its body, an object resource: a body that gives any of
+    the destination's metadata replaces all of it (https://github.com/googleapis/google-cloud-java/issues/306), so
+    what it does not give is not the source's; a body of the name alone (a new Blob's) overrides nothing."""
+    bucket = create(client())
+    source = bucket.blob("src/model.json")
+    source.metadata, source.cache_control = {"step": "100"}, "no-store"
+    source.upload_from_string(b"{}", content_type="application/json")
+    plain = bucket.blob("dst/plain.json")
+    plain.rewrite(source)
+    assert (plain.content_type, plain.cache_control, plain.metadata) == (
+        "application/json",
+        "no-store",
+        {"step": "100"},
+    )
+    custom = bucket.blob("dst/custom.json")
+    custom.metadata = {"owner": "me"}
+    custom.rewrite(source)
+    assert custom.metadata == {"owner": "me"} and custom.cache_control is None
+    assert custom.content_type == "application/octet-stream"  # not the source's: the body gave none
+    whole = bucket.blob("dst/whole.json")
+    whole.metadata, whole.content_type = {"owner": "me"}, "application/json"
+    whole.rewrite(source)
+    assert (whole.content_type, whole.metadata, whole.cache_control) == ("application/json", {"owner": "me"}, None)

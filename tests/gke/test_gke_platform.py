@@ -40,8 +40,15 @@ def context(tmp_path, run_id: str, overrides: str = ONE_SLICE) -> RunContext:
     )
 
 
+# The rate-limit policy's seven tries with short waits: its 125 s (components/cloud/errors.py, RATE_LIMIT_RETRY) are
+# the real clock's here (tests/gke/test_compute_rate_limits.py runs them on a fake one).
+QUICK_RATE_RETRY = gke_cluster.RetryPolicy(attempts=7, initial_s=0.01, max_s=0.05)
+
+
 def platform() -> GkePlatform:
-    return GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke = GkePlatform(log=lambda m: None, poll_s=0.05)
+    gke.clients.rate_retry = QUICK_RATE_RETRY
+    return gke
 
 
 def test_provision_creates_the_planned_cluster_and_pools_with_the_run_label(tmp_path, project_factory):

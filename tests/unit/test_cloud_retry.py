@@ -5,13 +5,22 @@ policy's backoff and attempt limit; one gRPC status through a real client, again
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import grpc
 import pytest
 import requests
 from google.api_core import exceptions
 
-from components.cloud.errors import GkeError, RetryPolicy, call_with_retry, is_transient
+from components.cloud.errors import (
+    RATE_LIMIT_RETRY,
+    GkeError,
+    RateLimited,
+    RetryPolicy,
+    call_with_retry,
+    is_rate_limited,
+    is_transient,
+)
 
 URL = "https://compute.googleapis.com/compute/v1/projects/tpupipe-emulated/global/networks"
 
@@ -60,7 +69,7 @@ def test_an_http_429_that_names_a_quota_is_not_asked_again():
         ("rateLimitExceeded", "", True),  # Compute's rate limit (https://cloud.google.com/compute/api-quota)
         ("userRateLimitExceeded", "", True),
         ("", "RATE_LIMIT_EXCEEDED", True),
-        ("", "RESOURCE_OPERATION_RATE_EXCEEDED", True),
+        ("", "RESOURCE_OPERATION_RATE_EXCEEDED", False),  # an operation's error code, no answer's reason
         ("rateLimitExceeded", "RATE_LIMIT_EXCEEDED", True),
         ("forbidden", "", False),  # a refused permission
         ("quotaExceeded", "", False),
@@ -91,17 +100,23 @@ def test_grpc_statuses(code, reason, transient):
     assert is_transient(exceptions.from_grpc_status(code, "status", error_info=error_info)) is transient
 
 
-@pytest.mark.parametrize("status", [408, 429, 500, 502])
-def test_a_transient_http_answer_is_asked_again_with_the_policys_backoff(status):
-    failures = [rest_error(status), rest_error(status)]
-    sleeps: list[float] = []
-    lines: list[str] = []
+def failing(*failures: Exception) -> Callable[[], str]:
+    """A call that raises ``failures`` one a try, then answers "done"."""
+    left = list(failures)
 
     def call() -> str:
-        if failures:
-            raise failures.pop(0)
+        if left:
+            raise left.pop(0)
         return "done"
 
+    return call
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502])
+def test_a_transient_http_answer_is_asked_again_with_the_policys_backoff(status):
+    call = failing(rest_error(status), rest_error(status))
+    sleeps: list[float] = []
+    lines: list[str] = []
     policy = RetryPolicy(attempts=5, initial_s=1.0, multiplier=2.0, max_s=30.0)
     assert call_with_retry("create network", call, policy, lines.append, sleeps.append) == "done"
     assert sleeps == [1.0, 2.0] and len(lines) == 2 and "(attempt 2/5)" in lines[0]
@@ -148,3 +163,53 @@ def test_internal_over_grpc_is_not_asked_again(monkeypatch):
         assert emulator.state.calls == ["ListBuilds"]
     finally:
         emulator.stop()
+
+
+@pytest.mark.parametrize(
+    ("error", "limited"),
+    [
+        (rest_error(403, errors_reason="rateLimitExceeded"), True),  # Compute's
+        (rest_error(403, "RATE_LIMIT_EXCEEDED"), True),
+        (rest_error(429, "RATE_LIMIT_EXCEEDED"), True),
+        (
+            exceptions.from_grpc_status(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "s", error_info={"reason": "RATE_LIMIT_EXCEEDED"}
+            ),
+            True,
+        ),
+        (RateLimited("create network: operation op-1 failed: RESOURCE_OPERATION_RATE_EXCEEDED"), True),
+        (rest_error(429), False),  # transient, with the ordinary backoff
+        (rest_error(503), False),
+        (rest_error(403, errors_reason="forbidden"), False),
+        (rest_error(429, "RESOURCE_QUOTA_EXCEEDED"), False),
+    ],
+)
+def test_which_errors_are_rate_limits(error, limited):
+    assert is_rate_limited(error) is limited
+
+
+def test_a_rate_limit_is_asked_again_past_the_minute_its_quota_refills_in():
+    """Compute's rate quotas refill at the start of the next minute (https://cloud.google.com/compute/api-quota): the
+    rate-limit policy waits 5, 10, 20, 30, 30, 30 s, more than a minute, before its seventh and last try; the
+    ordinary policy would have given up after 15 s."""
+    sleeps: list[float] = []
+    tries: list[int] = []
+
+    def call() -> None:
+        tries.append(1)
+        raise rest_error(403, errors_reason="rateLimitExceeded")
+
+    with pytest.raises(GkeError, match="still Forbidden after 7 attempts"):
+        call_with_retry("create network", call, RetryPolicy(), lambda line: None, sleeps.append)
+    assert len(tries) == 7 and sleeps == [5.0, 10.0, 20.0, 30.0, 30.0, 30.0] and sum(sleeps) > 120
+    assert RATE_LIMIT_RETRY.attempts == 7
+
+
+def test_rate_limits_and_other_transient_errors_count_against_their_own_policies():
+    limited = RateLimited("operation op-1 failed: RESOURCE_OPERATION_RATE_EXCEEDED")
+    call = failing(rest_error(503), rest_error(403, errors_reason="rateLimitExceeded"), rest_error(503), limited)
+    sleeps: list[float] = []
+    lines: list[str] = []
+    ordinary, rate = RetryPolicy(attempts=3), RetryPolicy(attempts=3, initial_s=7.0)
+    assert call_with_retry("create network", call, ordinary, lines.append, sleeps.append, rate) == "done"
+    assert sleeps == [1.0, 7.0, 2.0, 14.0] and "(attempt 3/3)" in lines[-1]

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from google.cloud.container_v1 import Cluster
 
     from components.cloud.credentials import AccessToken
+    from components.cloud.errors import RetryPolicy
     from components.cloud.storage import Storage
     from components.platforms.gke.cloud.cluster import Gke
     from components.platforms.gke.cloud.compute import Compute
@@ -41,25 +42,38 @@ def run_cluster(ledger: dict[str, Any], t: Target) -> str:
 
 
 class Clients:
-    def __init__(self, log: Callable[[str], None] = print, poll_s: float = 5.0, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        log: Callable[[str], None] = print,
+        poll_s: float = 5.0,
+        backoff: Backoff | None = None,
+        rate_retry: RetryPolicy | None = None,
+    ) -> None:
         self.log = log
         self.poll_s = poll_s
         self.backoff = backoff  # of the Kubernetes and Ray job clients' retries (transient.Backoff; None: its defaults)
+        self.rate_retry = rate_retry  # of the Google Cloud adapters' rate limits (None: errors.RATE_LIMIT_RETRY)
 
     def gke(self, creds: Credentials | None = None) -> Gke:
         from components.platforms.gke.cloud import cluster as gke_cluster
 
-        return gke_cluster.Gke(gke_cluster.cluster_manager(creds), log=self.log, poll_s=self.poll_s)
+        return gke_cluster.Gke(
+            gke_cluster.cluster_manager(creds), log=self.log, poll_s=self.poll_s, rate_retry=self.rate_retry
+        )
 
     def compute(self, creds: Credentials | None = None) -> Compute:
         from components.platforms.gke.cloud import compute as gke_compute
 
-        return gke_compute.Compute(gke_compute.clients(creds), log=self.log, poll_s=min(self.poll_s, 2.0))
+        return gke_compute.Compute(
+            gke_compute.clients(creds), log=self.log, poll_s=min(self.poll_s, 2.0), rate_retry=self.rate_retry
+        )
 
     def storage(self, t: Target, creds: Credentials | None = None) -> Storage:
         from components.cloud import storage as gke_storage
 
-        return gke_storage.Storage(gke_storage.storage_client(t.project, creds), log=self.log)
+        return gke_storage.Storage(
+            gke_storage.storage_client(t.project, creds), log=self.log, rate_retry=self.rate_retry
+        )
 
     def kube(self, ctx: RunContext) -> tuple[Kube, Cluster, AccessToken] | tuple[None, None, None]:
         """(Kube, cluster, token) for the run's cluster, or (None, None, None) while it has no endpoint; ``token()``

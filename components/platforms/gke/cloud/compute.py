@@ -6,11 +6,12 @@ cluster the run creates with, when the run needs the internet, its Cloud Router 
 
 Same contract as the GKE adapter (``cluster``): get-or-create (what exists is reused, a
 ``409 alreadyExists`` is a reuse), the resource recorded before the run waits on it, the operation polled with
-progress and a deadline, transient answers retried with backoff (``components.cloud.errors.is_transient``, Compute's
-403 rate limit among them), quota errors a :class:`CapacityError`. Compute operations cannot be cancelled: an
-interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run recorded.
+progress and a deadline, transient answers retried with backoff (``components.cloud.errors.is_transient``), Compute's
+403 rate limit with a backoff past the minute its quota refills in, as is an operation that ended rate limited
+(``OPERATION_RATE_CODES``: asked for again), quota errors a :class:`CapacityError`. Compute operations cannot be
+cancelled: an interrupt (SIGINT, SIGTERM) stops the wait, and teardown deletes what the run recorded.
 
-Every insert and delete carries a ``request_id``, one UUID per ``ensure`` or ``delete``, the same on each of its
+Every insert and delete carries a ``request_id``, one UUID per operation asked for, the same on each of its
 tries: "Specify a unique request ID so that if you must retry your request, the server will know to ignore the request
 if it has already been completed" (compute_v1's ``InsertNetworkRequest.request_id`` and the other Insert/Delete
 requests, google/cloud/compute_v1/types/compute.py at 1.57.0). A try that took effect but whose answer was an error
@@ -25,6 +26,7 @@ Resources are named by path, ``projects/P/global/networks/N``, ``projects/P/regi
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable
@@ -32,12 +34,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from components.cloud.credentials import credentials, google_client
-from components.cloud.errors import Adapter, CapacityError, GkeError, is_capacity_error
+from components.cloud.errors import Adapter, CapacityError, GkeError, RateLimited, is_capacity_error
 from components.platforms.interrupts import on_interrupt, signal_name
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
 
+# The codes of a failed operation's errors (``Operation.error.errors[].code``) that a rate limit on the resource the
+# operation works from ends: "operation operation-... failed (RESOURCE_OPERATION_RATE_EXCEEDED): Operation rate
+# exceeded for resource '...'. Too frequent operations from the source resource." (an operation polled to its end:
+# https://github.com/kubernetes-sigs/gcp-compute-persistent-disk-csi-driver/pull/1847, which maps it to
+# ResourceExhausted; google-cloud-compute raises such an operation as a bare 403 FORBIDDEN, the code in the
+# operation's errors only: https://github.com/googleapis/python-compute/issues/279). Nothing was done, and a new
+# request may do it once the rate refills: the operation is asked for again (:class:`RateLimited`), with the adapter's
+# rate-limit backoff.
+OPERATION_RATE_CODES = frozenset({"RESOURCE_OPERATION_RATE_EXCEEDED"})
 # The Compute Engine REST endpoint of an emulator (http://host:port); unset, the clients talk to
 # compute.googleapis.com.
 EMULATOR_HOST_ENV = "TPUPIPE_COMPUTE_EMULATOR_HOST"
@@ -126,7 +137,9 @@ class Compute(Adapter["Clients"]):
 
     def ensure(self, kind: str, resource_path: str, body: dict[str, Any], record: Callable[[str, str], None]) -> None:
         """The resource ``body`` describes at ``resource_path``: reused if it exists, else created and waited on (the
-        insert's ``request_id`` the same on every try: a retry gets the operation its first try started)."""
+        insert's ``request_id`` the same on every try: a retry gets the operation its first try started). An operation
+        that ends in a rate limit (``OPERATION_RATE_CODES``) did nothing: a new insert, with a new ``request_id``, after
+        the rate-limit backoff."""
         from google.api_core import exceptions as gexc
         from google.cloud import compute_v1
 
@@ -134,34 +147,47 @@ class Compute(Adapter["Clients"]):
             self.log(f"{kind} {resource_path} exists: reusing it")
             return
         record(kind, resource_path)
-        request: dict[str, Any] = {**_request(kind, resource_path), "request_id": str(uuid.uuid4())}
+        request: dict[str, Any] = _request(kind, resource_path)
         request.pop(KINDS[kind].field)
         request[KINDS[kind].field + "_resource"] = getattr(compute_v1, KINDS[kind].message).from_json(json.dumps(body))
         short = resource_path.rsplit("/", 1)[-1]
-        try:
-            op = self.call(f"create {kind} {short}", lambda: self._client(kind).insert(request=request))
-        except gexc.Conflict:
-            self.log(f"{kind} {resource_path} already exists: reusing it")
-            return
-        except (gexc.Forbidden, gexc.ResourceExhausted) as exc:
-            if is_capacity_error(exc.message) or isinstance(exc, gexc.ResourceExhausted):
-                raise CapacityError(exc.message) from exc
-            raise
-        self.log(f"creating {kind} {resource_path}")
-        self.wait(resource_path, op.name, f"create {kind} {short}")
+
+        def create() -> None:
+            try:
+                op = self.call(
+                    f"create {kind} {short}",
+                    functools.partial(self._client(kind).insert, request={**request, "request_id": str(uuid.uuid4())}),
+                )
+            except gexc.Conflict:
+                self.log(f"{kind} {resource_path} already exists: reusing it")
+                return
+            except (gexc.Forbidden, gexc.ResourceExhausted) as exc:
+                if is_capacity_error(exc.message) or isinstance(exc, gexc.ResourceExhausted):
+                    raise CapacityError(exc.message) from exc
+                raise
+            self.log(f"creating {kind} {resource_path}")
+            self.wait(resource_path, op.name, f"create {kind} {short}")
+
+        self.call(f"create {kind} {short}", create)  # again, a new request, when the operation ends rate limited
 
     def delete(self, kind: str, resource_path: str) -> bool:
-        """Delete and wait; False when it was already gone."""
+        """Delete and wait (again, a new request, when the operation ends in a rate limit, as ``ensure``); False when it
+        was already gone."""
         from google.api_core import exceptions as gexc
 
-        request = {**_request(kind, resource_path), "request_id": str(uuid.uuid4())}  # the same on every try
-        try:
-            op = self.call(f"delete {kind} {resource_path}", lambda: self._client(kind).delete(request=request))
-        except gexc.NotFound:
-            return False
-        self.log(f"deleting {kind} {resource_path}")
-        self.wait(resource_path, op.name, f"delete {kind} {resource_path.rsplit('/', 1)[-1]}")
-        return True
+        def remove() -> bool:
+            request = {**_request(kind, resource_path), "request_id": str(uuid.uuid4())}  # the same on every try
+            try:
+                op = self.call(
+                    f"delete {kind} {resource_path}", functools.partial(self._client(kind).delete, request=request)
+                )
+            except gexc.NotFound:
+                return False
+            self.log(f"deleting {kind} {resource_path}")
+            self.wait(resource_path, op.name, f"delete {kind} {resource_path.rsplit('/', 1)[-1]}")
+            return True
+
+        return self.call(f"delete {kind} {resource_path}", remove)  # again when the operation ends rate limited
 
     def wait(self, resource_path: str, operation: str, what: str) -> None:
         """Poll the operation (global or regional, as the resource is) until DONE, with progress and a deadline;
@@ -192,6 +218,8 @@ class Compute(Adapter["Clients"]):
             message = f"{done.http_error_status_code} {done.http_error_message}: {errors}".strip()
             if is_capacity_error(message):
                 raise CapacityError(message)
+            if any(e.code in OPERATION_RATE_CODES for e in done.error.errors):
+                raise RateLimited(f"{what}: operation {operation} failed: {message}")
             raise GkeError(f"{what}: operation {operation} failed: {message}")
         self.log(f"  {what}: done in {self.clock() - started:.1f}s")
 
@@ -219,4 +247,13 @@ def network_wide_nat(routers: list[Any], other_than: str = "") -> str:
     return ""
 
 
-__all__ = ["KINDS", "NETWORK_WIDE", "Clients", "Compute", "clients", "network_routers", "network_wide_nat"]
+__all__ = [
+    "KINDS",
+    "NETWORK_WIDE",
+    "OPERATION_RATE_CODES",
+    "Clients",
+    "Compute",
+    "clients",
+    "network_routers",
+    "network_wide_nat",
+]
