@@ -230,8 +230,10 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         in no part of it: :class:`SourceChanged` naming them. (objects copied, objects in all, bytes copied);
         (0, 0, 0) when ``source/`` holds nothing. What the copy kept rather than wrote (an earlier copy's object,
         another writer's) is listed again at the end: one gone or holding other bytes since (another writer's copy that
-        failed and deleted what it wrote, say) is copied again. A ``create_only`` copy that fails deletes what it wrote:
-        its destination holds none of it (what an earlier copy or another writer made is kept)."""
+        failed and deleted what it wrote, say) is copied again, and each of the others is taken over (``_take_over``):
+        its writer, whose copy may still fail, can then no longer delete it. A ``create_only`` copy that fails deletes
+        what it wrote: its destination holds none of it (what an earlier copy or another writer made is kept, taken
+        over or not)."""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
         have = {b.name: b for b in self._listed(name, destination)}
