@@ -230,10 +230,12 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         in no part of it: :class:`SourceChanged` naming them. (objects copied, objects in all, bytes copied);
         (0, 0, 0) when ``source/`` holds nothing. What the copy kept rather than wrote (an earlier copy's object,
         another writer's) is listed again at the end: one gone or holding other bytes since (another writer's copy that
-        failed and deleted what it wrote, say) is copied again, and each of the others is taken over (``_take_over``):
-        its writer, whose copy may still fail, can then no longer delete it. A ``create_only`` copy that fails deletes
-        what it wrote: its destination holds none of it (what an earlier copy or another writer made is kept, taken
-        over or not)."""
+        failed and deleted what it wrote, say) is copied again. A ``create_only`` copy that fails deletes what it wrote:
+        its destination holds none of it (what an earlier copy or another writer made is kept, taken over or not); so
+        such a copy also takes over each object it kept (``_take_over``), which its writer, whose copy may still fail,
+        can then no longer delete. (A copy that is not ``create_only`` takes over nothing: it has no undo, its
+        destination, a run's inputs, is written by no copy that has one, and a new generation would change the object
+        under a reader that has it open, a Cloud Storage FUSE mount say.)"""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
         have = {b.name: b for b in self._listed(name, destination)}
@@ -260,7 +262,7 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
                 kept = [b for b in found if target(b) not in written]  # already there, or another writer's copy
                 there = {b.name: b for b in self._listed(name, destination)} if kept else {}
                 pending = missing(there, kept)
-                if not pending:  # each kept object made this call's, or looked at again: changed since the listing
+                if not pending and create_only:  # each kept object made this call's, or looked at again (changed)
                     taken |= {target(b) for b in kept if self._take_over(bucket, there[target(b)], nonce)}
                     pending = [b for b in kept if target(b) not in taken]
                 if not pending:

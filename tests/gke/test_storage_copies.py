@@ -117,3 +117,15 @@ def test_a_kept_object_under_its_writers_hold_is_kept_as_it_is(project_factory):
     held = project.storage.object(BUCKET, "dst/a.bin")
     assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (0, 1, 0)
     assert project.storage.object(BUCKET, "dst/a.bin")["generation"] == held["generation"]
+
+
+def test_a_copy_that_is_not_create_only_takes_over_nothing(project_factory):
+    """A run's inputs copied again (a retried stage): what is there with the same bytes is kept at its generation,
+    which a reader may have open."""
+    project = project_factory()
+    adapter = storage()
+    project.storage.put(BUCKET, "src/a.bin", b"aaa")
+    assert adapter.copy_prefix(BUCKET, "src", "dst") == (1, 1, 3)
+    first = project.storage.object(BUCKET, "dst/a.bin")
+    assert adapter.copy_prefix(BUCKET, "src", "dst") == (0, 1, 0)
+    assert project.storage.object(BUCKET, "dst/a.bin")["generation"] == first["generation"]
