@@ -9,6 +9,7 @@ another operation holds the cluster (``is_busy``), asked again later.
 
 from __future__ import annotations
 
+import random as _random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,22 +60,32 @@ class RateLimited(GkeError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """Truncated exponential backoff with proportional jitter: the wait before a retry is its exponential delay
+    (``initial_s`` times ``multiplier`` per retry, at most ``max_s``) and up to ``jitter`` of it again, drawn at random,
+    so callers that failed together do not all come back together (Cloud Storage's retry strategy "uses exponential
+    backoff with jitter", https://cloud.google.com/storage/docs/retry-strategy; google-api-core draws each wait at
+    random too, ``random.uniform(0.0, max_delay)`` in ``exponential_sleep_generator``,
+    google/api_core/retry/retry_base.py at 2.44.0). The exponential delay is the least wait rather than the most, as
+    it is in api_core: the rate-limit policy's waits must add up to more than a minute (``RATE_LIMIT_RETRY``)."""
+
     attempts: int = 5
     initial_s: float = 1.0
     multiplier: float = 2.0
     max_s: float = 30.0
+    jitter: float = 0.5
 
-    def delay_s(self, retry: int) -> float:
-        """The wait before retry number ``retry`` (1: the first)."""
-        return min(self.initial_s * self.multiplier ** (retry - 1), self.max_s)
+    def delay_s(self, retry: int, draw: float = 0.0) -> float:
+        """The wait before retry number ``retry`` (1: the first), ``draw`` the random number in [0, 1) it is jittered
+        by (0: the exponential delay itself)."""
+        return min(self.initial_s * self.multiplier ** (retry - 1), self.max_s) * (1.0 + self.jitter * draw)
 
 
 # The backoff of a rate limit: a rate quota is counted per minute and refills "at the start of the next synchronized
 # interval, such as 10:01:00" ("If your project exceeds a rate quota, you receive a 403 error with the reason
 # rateLimitExceeded. To resolve this error, wait a minute then try your request again":
-# https://cloud.google.com/compute/api-quota), so its retries span more than a minute: 5, 10, 20, 30, 30, 30 s
-# (125 s) before the seventh and last try, where the ordinary policy's 1, 2, 4, 8 s (15 s) end inside the minute
-# the limit was met in.
+# https://cloud.google.com/compute/api-quota), so its retries span more than a minute: at least 5, 10, 20, 30, 30, 30 s
+# (125 s; up to half as much again, jittered) before the seventh and last try, where the ordinary policy's 1, 2, 4, 8 s
+# (15 s, at most 22.5 s) end inside the minute the limit was met in.
 RATE_LIMIT_RETRY = RetryPolicy(attempts=7, initial_s=5.0, multiplier=2.0, max_s=30.0)
 
 
@@ -105,27 +116,22 @@ TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def is_rate_limit(exc: BaseException) -> bool:
-    return getattr(exc, "reason", None) == RATE_LIMITED
-
-
-def is_forbidden_rate_limit(exc: BaseException) -> bool:
-    """A 403 that is a rate limit (``RATE_LIMIT_REASONS`` among its ``errors``, or ErrorInfo ``RATE_LIMITED``), not a
-    refused permission: it passes when the quota refills ("wait a minute then try your request again",
-    https://cloud.google.com/compute/api-quota)."""
+    """An answer that names a rate limit: its ErrorInfo ``RATE_LIMITED``, or ``RATE_LIMIT_REASONS`` among its REST
+    ``errors`` (Compute Engine's 403; the ``rateLimitExceeded`` of an HTTP 429 too, "429 Too Many Requests" in
+    https://cloud.google.com/storage/docs/json_api/v1/status-codes)."""
     reasons = {e.get("reason") for e in getattr(exc, "errors", None) or () if isinstance(e, dict)}
-    return bool(reasons & RATE_LIMIT_REASONS) or is_rate_limit(exc)
+    return bool(reasons & RATE_LIMIT_REASONS) or getattr(exc, "reason", None) == RATE_LIMITED
 
 
 def is_rate_limited(exc: BaseException) -> bool:
-    """An error that a rate quota's refill ends, asked again with ``RATE_LIMIT_RETRY``: an answer whose ErrorInfo is
-    ``RATE_LIMITED`` (gRPC's ``RESOURCE_EXHAUSTED``, an HTTP 429 or 403), a 403 that is a rate limit
-    (``is_forbidden_rate_limit``: Compute Engine's), or an operation that ended in one (:class:`RateLimited`)."""
+    """An error that a rate quota's refill ends, asked again with ``RATE_LIMIT_RETRY``: a transient answer that names
+    a rate limit (``is_rate_limit``: gRPC's ``RESOURCE_EXHAUSTED``, an HTTP 429 or 403 with ErrorInfo ``RATE_LIMITED``
+    or REST ``errors[].reason`` ``rateLimitExceeded``/``userRateLimitExceeded``), or an operation that ended in one
+    (:class:`RateLimited`)."""
     from google.api_core import exceptions as gexc
 
     if isinstance(exc, RateLimited):
         return True
-    if isinstance(exc, gexc.Forbidden):
-        return is_forbidden_rate_limit(exc)
     return isinstance(exc, gexc.GoogleAPICallError) and is_transient(exc) and is_rate_limit(exc)
 
 
@@ -140,14 +146,15 @@ def is_transient(exc: BaseException) -> bool:
     """An error that passes with time, so the call is asked again: ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (HTTP
     503 and 504), a rate limit's ``RESOURCE_EXHAUSTED`` (``is_rate_limit``; any other is a quota), and an HTTP answer
     (``over_rest``) of another status of ``TRANSIENT_HTTP``, but a 429 whose ErrorInfo names a quota
-    (``RESOURCE_QUOTA_EXCEEDED``); and a 403 that is a rate limit (``is_forbidden_rate_limit``: Compute Engine's).
+    (``RESOURCE_QUOTA_EXCEEDED``); and a 403 that is a rate limit (``is_rate_limit``: Compute Engine's, "wait a minute
+    then try your request again", https://cloud.google.com/compute/api-quota).
     gRPC's ``INTERNAL``, which api_core raises as the class of HTTP 500, is not retried: only an HTTP 500 is."""
     from google.api_core import exceptions as gexc
 
     if isinstance(exc, gexc.ResourceExhausted):  # gRPC's (an HTTP 429 is a TooManyRequests)
         return is_rate_limit(exc)
-    if isinstance(exc, gexc.Forbidden):
-        return is_forbidden_rate_limit(exc)
+    if isinstance(exc, gexc.Forbidden):  # a rate limit, not a refused permission: it passes when the quota refills
+        return is_rate_limit(exc)
     if isinstance(exc, (gexc.ServiceUnavailable, gexc.GatewayTimeout)):  # DeadlineExceeded is a GatewayTimeout
         return True
     if not isinstance(exc, gexc.GoogleAPICallError) or not over_rest(exc):
@@ -164,9 +171,11 @@ def call_with_retry[T](
     log: Callable[[str], None],
     sleep: Callable[[float], None],
     rate_retry: RetryPolicy = RATE_LIMIT_RETRY,
+    random: Callable[[], float] = _random.random,
 ) -> T:
     """``fn()``, with a transient error (``is_transient``) asked again with ``retry``'s backoff, ``retry.attempts``
-    tries in all, and a rate limit (``is_rate_limited``) with ``rate_retry``'s, each policy counting its own tries."""
+    tries in all, and a rate limit (``is_rate_limited``) with ``rate_retry``'s, each policy counting its own tries;
+    each wait jittered by a draw of ``random`` (a number in [0, 1): ``RetryPolicy.delay_s``)."""
     from google.api_core import exceptions as gexc
 
     failures = {False: 0, True: 0}  # by whether the error was a rate limit
@@ -184,7 +193,7 @@ def call_with_retry[T](
                 raise GkeError(
                     f"{what}: still {type(exc).__name__} after {failures[limited]} attempts: {message}"
                 ) from exc
-            delay = policy.delay_s(failures[limited])
+            delay = policy.delay_s(failures[limited], random())
             log(
                 f"  {what}: {type(exc).__name__} ({message}); retrying in {delay:.0f}s "
                 f"(attempt {failures[limited] + 1}/{policy.attempts})"
@@ -216,9 +225,9 @@ def is_busy(message: str) -> bool:
 
 class Adapter[C]:
     """What every Google Cloud adapter shares: a client (``C``, its type: a GAPIC client, or what an adapter bundles
-    of them), progress lines, transient codes and rate limits retried (``call``, with ``retry`` and ``rate_retry``),
-    and the poll interval, operation deadline, clock and
-    sleep its waits use (injected in tests)."""
+    of them), progress lines, transient codes and rate limits retried (``call``, with ``retry`` and ``rate_retry``,
+    their waits jittered by ``random``), and the poll interval, operation deadline, clock and sleep its waits use
+    (injected in tests)."""
 
     def __init__(
         self,
@@ -231,6 +240,7 @@ class Adapter[C]:
         poll_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        random: Callable[[], float] = _random.random,
     ) -> None:
         self.client = client
         self.log = log
@@ -240,9 +250,10 @@ class Adapter[C]:
         self.poll_s = poll_s
         self.clock = clock
         self.sleep = sleep
+        self.random = random
 
     def call[T](self, what: str, fn: Callable[[], T]) -> T:
-        return call_with_retry(what, fn, self.retry, self.log, self.sleep, self.rate_retry)
+        return call_with_retry(what, fn, self.retry, self.log, self.sleep, self.rate_retry, self.random)
 
     def poll_until[T](
         self,

@@ -126,6 +126,21 @@ def same_bytes(one: Blob, other: Blob) -> bool:
     return bool(one.crc32c and other.crc32c and one.crc32c == other.crc32c)
 
 
+def carry_metadata(source: Blob, copy: Blob, nonce: str) -> None:
+    """Give ``copy`` (the body of a rewrite) ``source``'s content metadata (``CONTENT_METADATA``) and custom metadata,
+    with ``nonce`` under ``COPY_NONCE``: a body that gives metadata replaces all of the destination's
+    (https://github.com/googleapis/google-cloud-java/issues/306), so all of the source's is carried, and its content
+    type, which such a body must give ("You must specify the content type of the destination object.", 400:
+    https://github.com/googleapis/google-cloud-java/pull/294), is the one an object stored without a Content-Type is
+    served as, ``application/octet-stream`` (the object resource's contentType:
+    https://cloud.google.com/storage/docs/json_api/v1/objects#resource), where the source has none."""
+    for prop in CONTENT_METADATA:
+        if getattr(source, prop) is not None:
+            setattr(copy, prop, getattr(source, prop))
+    copy.content_type = source.content_type or "application/octet-stream"
+    copy.metadata = {**(source.metadata or {}), COPY_NONCE: nonce}
+
+
 def _pinned(found: list[Blob], source: str, generations: dict[str, int]) -> list[Blob]:
     """The listed objects ``generations`` names, each at its generation; :class:`SourceChanged` for those that are
     not (another generation, or none)."""
@@ -216,7 +231,11 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         (0, 0, 0) when ``source/`` holds nothing. What the copy kept rather than wrote (an earlier copy's object,
         another writer's) is listed again at the end: one gone or holding other bytes since (another writer's copy that
         failed and deleted what it wrote, say) is copied again. A ``create_only`` copy that fails deletes what it wrote:
-        its destination holds none of it (what an earlier copy or another writer made is kept)."""
+        its destination holds none of it (what an earlier copy or another writer made is kept, taken over or not); so
+        such a copy also takes over each object it kept (``_take_over``), which its writer, whose copy may still fail,
+        can then no longer delete. (A copy that is not ``create_only`` takes over nothing: it has no undo, its
+        destination, a run's inputs, is written by no copy that has one, and a new generation would change the object
+        under a reader that has it open, a Cloud Storage FUSE mount say.)"""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
         have = {b.name: b for b in self._listed(name, destination)}
@@ -224,6 +243,7 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             found = _pinned(found, source, generations)
         nonce = uuid.uuid4().hex  # this call's: in each object it writes
         made: list[tuple[str, int]] = []  # (name, generation) of each object this call wrote
+        taken: set[str] = set()  # the kept objects this call took over (``_take_over``)
 
         def target(blob: Blob) -> str:
             return f"{destination}/{blob.name.removeprefix(f'{source}/')}"
@@ -238,9 +258,13 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
                     generation = self._copy(bucket, blob, target(blob), source, create_only, generations, nonce)
                     if generation is not None:
                         made.append((target(blob), generation))
-                written = {path for path, _ in made}
+                written = {path for path, _ in made} | taken
                 kept = [b for b in found if target(b) not in written]  # already there, or another writer's copy
-                pending = missing({b.name: b for b in self._listed(name, destination)}, kept) if kept else []
+                there = {b.name: b for b in self._listed(name, destination)} if kept else {}
+                pending = missing(there, kept)
+                if not pending and create_only:  # each kept object made this call's, or looked at again (changed)
+                    taken |= {target(b) for b in kept if self._take_over(bucket, there[target(b)], nonce)}
+                    pending = [b for b in kept if target(b) not in taken]
                 if not pending:
                     break
                 self.log(
@@ -260,6 +284,15 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         size = sum(b.size or 0 for b in found if target(b) in written)
         return len(made), len(found), size
 
+    def _rewrite(self, what: str, copy: Blob, source: Blob, **conditions: int) -> int:
+        """``copy`` rewritten from ``source`` (objects.rewrite, asked again with its token until done) under
+        ``conditions`` (``Blob.rewrite``'s preconditions); the generation written."""
+        token = None
+        while True:
+            token, _, _ = self.call(what, functools.partial(copy.rewrite, source, token, **conditions))
+            if token is None:
+                return int(copy.generation)
+
     def _copy(
         self,
         bucket: Bucket,
@@ -274,9 +307,8 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         metadata; None when a create-only rewrite finds another writer's copy of the same bytes there (kept: not this
         call's to undo). The rewrite sends the destination's resource as its body (``Blob.rewrite`` posts the blob's
         properties, google/cloud/storage/blob.py at 3.17.1; objects.rewrite "Optionally overrides metadata":
-        https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), and a body that gives metadata replaces all
-        of the destination's (https://github.com/googleapis/google-cloud-java/issues/306): the body carries the source's
-        content metadata (``CONTENT_METADATA``) and custom metadata, and the nonce. A create-only rewrite refused with
+        https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), which carries the source's metadata and
+        the nonce (:func:`carry_metadata`). A create-only rewrite refused with
         412 by a ``target`` that carries ``nonce`` is this call's own: a retry of a request that took effect but whose
         reply was lost. Such a rewrite is asked again: "Socket timeouts and TCP disconnects" are transient
         (https://cloud.google.com/storage/docs/retry-strategy, "Response"), and a write with a generation precondition
@@ -291,19 +323,10 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         kept: dict[str, int] = {"if_generation_match": 0} if create_only else {}
         if generations is not None:
             kept["if_source_generation_match"] = int(blob.generation)
-        token = None
         copy = bucket.blob(target)
-        for prop in CONTENT_METADATA:  # the body's metadata replaces the source's: all of the source's, carried
-            if getattr(blob, prop) is not None:
-                setattr(copy, prop, getattr(blob, prop))
-        copy.metadata = {**(blob.metadata or {}), COPY_NONCE: nonce}
+        carry_metadata(blob, copy, nonce)
         try:
-            while True:
-                token, _, _ = self.call(
-                    f"copy gs://{name}/{blob.name}", functools.partial(copy.rewrite, blob, token, **kept)
-                )
-                if token is None:
-                    return int(copy.generation)
+            return self._rewrite(f"copy gs://{name}/{blob.name}", copy, blob, **kept)
         except (PreconditionFailed, NotFound) as exc:
             now = self.call(f"get gs://{name}/{blob.name}", functools.partial(bucket.get_blob, blob.name))
             if generations is not None and (now is None or now.generation != blob.generation):
@@ -323,20 +346,57 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
                 "copy under this run id): it is never replaced; start this run with another run id",
             ) from None
 
+    def _take_over(self, bucket: Bucket, there: Blob, nonce: str) -> bool:
+        """Make a kept object (``there``, as listed: another writer's copy of the same bytes, or an earlier copy's)
+        this call's, so that its writer's undo cannot delete it after the copy returns: it is rewritten onto itself
+        (a rewrite "in place", as google-cloud-storage's ``Blob.update_storage_class`` makes one, blob.py at 3.17.1),
+        read at its listed generation (``sourceGeneration``, which ``Blob.rewrite`` sends for a source with a
+        generation) and written only while that generation is the live one (``ifGenerationMatch``), with this call's
+        nonce: the same bytes as a new generation, so the other writer's delete, conditioned on its own generation,
+        fails with 412 (https://cloud.google.com/storage/docs/request-preconditions) and leaves it (``_undo``). True
+        when it is this call's (or under a hold, which no one can delete it through: "the object cannot be deleted or
+        replaced", https://cloud.google.com/storage/docs/object-holds); False when it changed or went since it was
+        listed (412, 404): the copy looks at it again."""
+        from google.api_core.exceptions import Forbidden, NotFound, PreconditionFailed
+
+        name, path = bucket.name, there.name
+        mine = bucket.blob(path)
+        carry_metadata(there, mine, nonce)
+        try:
+            self._rewrite(f"take over gs://{name}/{path}", mine, there, if_generation_match=int(there.generation))
+            return True
+        except (PreconditionFailed, NotFound, Forbidden) as exc:
+            now = self.call(f"get gs://{name}/{path}", functools.partial(bucket.get_blob, path))
+            if now is not None and (now.metadata or {}).get(COPY_NONCE) == nonce:
+                return True  # its reply lost, a retry refused
+            if not isinstance(exc, Forbidden):
+                return False
+            if now is not None and now.generation == there.generation and (now.temporary_hold or now.event_based_hold):
+                self.log(f"  gs://{name}/{path}: kept under its writer's hold")
+                return True
+            raise
+
     def _undo(self, name: str, made: list[tuple[str, int]]) -> None:
         """Delete the objects a failed copy wrote, each at the generation it wrote (``ifGenerationMatch``: never a
-        later writer's), whatever the first failure was; one that cannot be deleted is logged."""
+        later writer's), whatever the first failure was; one at another generation since (412: another copy took it
+        over, ``_take_over``) or gone (404) is left; one that cannot be deleted is logged."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
         bucket = self.client.bucket(name)
+        deleted = 0
         for target, generation in made:
             try:
                 self.call(
                     f"delete gs://{name}/{target}",
                     functools.partial(bucket.blob(target).delete, if_generation_match=generation),
                 )
+                deleted += 1
+            except (PreconditionFailed, NotFound):
+                self.log(f"  gs://{name}/{target}: another writer's since (taken over, or gone): left")
             except Exception as exc:  # noqa: BLE001 - the copy's own failure is what is raised
                 self.log(f"  could not delete gs://{name}/{target} of the failed copy: {exc}")
-        if made:
-            self.log(f"  deleted the {len(made)} objects the failed copy had written under gs://{name}/")
+        if deleted:
+            self.log(f"  deleted the {deleted} objects the failed copy had written under gs://{name}/")
 
     def hold_prefix(self, name: str, prefix: str) -> int:
         """A temporary hold on every object under ``prefix/`` that has none: while it holds, "the object cannot be

@@ -71,12 +71,12 @@ A copy (``POST .../o/SOURCE/copyTo/b/BUCKET/o/NAME``, https://cloud.google.com/s
 a rewrite (``.../rewriteTo/...``, https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite, answered done in
 one call) writes the source's data as a new object (a new generation) at the destination, with the source's content
 metadata (contentType, custom metadata, ...) unless the request body gives the destination's, which then replaces all of
-it (``COPIED_FIELDS``): 404 for a source or a bucket that does not exist; the source's generation may be named
-(``sourceGeneration``) and its preconditions are ``ifSourceGenerationMatch`` etc., the destination's
-``ifGenerationMatch`` etc. A composition (``POST .../o/NAME/compose``) writes its sources' data, in order, as a
-composite object: it has a CRC32C, a component count and no MD5
-(https://cloud.google.com/storage/docs/composite-objects), and so has a copy of it; its download's ``x-goog-hash`` is
-its CRC32C alone.
+it (``COPIED_FIELDS``; a rewrite's such body must give contentType, else 400): 404 for a source or a bucket that does
+not exist; the source's generation may be named (``sourceGeneration``) and its preconditions are
+``ifSourceGenerationMatch`` etc., the destination's ``ifGenerationMatch`` etc. A composition
+(``POST .../o/NAME/compose``) writes its sources' data, in order, as a composite object: it has a CRC32C, a component
+count and no MD5 (https://cloud.google.com/storage/docs/composite-objects), and so has a copy of it; its download's
+``x-goog-hash`` is its CRC32C alone.
 
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
 "buckets.testIamPermissions", "objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy",
@@ -301,7 +301,7 @@ RESOURCE_NOUNS = {
 # google-cloud-storage's ``Blob.rewrite`` posts for a new ``Blob``) overrides nothing. A body may name the storage class
 # too. (Google's storage-testbench patches a body onto the source's metadata instead, ``objects_rewrite`` in
 # testbench/rest_server.py at v0.63.0: a rewrite that relied on it would lose the source's content type on the
-# service.)
+# service.) A rewrite's such body without a contentType is refused (``_copy_object``).
 COPIED_FIELDS = (
     "contentType",
     "contentEncoding",
@@ -645,10 +645,17 @@ class StorageEmulator(HttpEmulator):
             return copy.deepcopy(stored["metadata"]) if stored else None
 
     def put(
-        self, bucket: str, name: str, data: bytes, content_type: str = "application/octet-stream", **metadata: str
+        self,
+        bucket: str,
+        name: str,
+        data: bytes,
+        content_type: str | None = "application/octet-stream",
+        **metadata: str,
     ) -> None:
         """Store an object as a writer outside the JSON API would (Vertex's Cloud Storage FUSE mount); ``metadata``:
-        more of its resource's fields (``contentEncoding="gzip"``, say)."""
+        more of its resource's fields (``contentEncoding="gzip"``, say). ``content_type`` None: stored without one
+        ("If an object is stored without a Content-Type, it is served as application/octet-stream": the object
+        resource's contentType, https://cloud.google.com/storage/docs/json_api/v1/objects#resource)."""
         with self._lock:
             if bucket not in self.state.buckets:
                 raise KeyError(f"no bucket {bucket}")
@@ -1110,7 +1117,7 @@ class StorageEmulator(HttpEmulator):
         bucket: str,
         metadata: dict,
         data: bytes,
-        content_type: str,
+        content_type: str | None,
         query: dict,
         claimed: dict | None = None,
         components: int = 0,
@@ -1137,13 +1144,18 @@ class StorageEmulator(HttpEmulator):
         return self._resource(bucket, name, {}, data, "")
 
     def _resource(
-        self, bucket: str, name: str, metadata: dict, data: bytes, content_type: str, components: int = 0
+        self, bucket: str, name: str, metadata: dict, data: bytes, content_type: str | None, components: int = 0
     ) -> dict:
         """The resource of a new generation of an object: ``metadata`` (what the writer gave), and what Cloud Storage
         adds (generation, size, hashes, times, links). A composite object (``components``, its component count) has
         its CRC32C and no MD5: "Composite objects do not have an MD5 hash metadata field", and "Each composite object
-        has a component count metadata field" (https://cloud.google.com/storage/docs/composite-objects)."""
+        has a component count metadata field" (https://cloud.google.com/storage/docs/composite-objects).
+        ``content_type`` None, and none in ``metadata``: an object without one (``put``); "": the one Cloud Storage
+        gives data that comes with none."""
         md5, crc32c = _hashes(data)
+        typed = metadata.get("contentType") or content_type
+        if typed is not None:
+            typed = typed or "application/octet-stream"
         self._generation = max(self._generation + 1, time.time_ns() // 1000)
         generation, now = self._generation, _now()
         path = f"b/{quote(bucket, safe='')}/o/{quote(name, safe='')}"
@@ -1158,7 +1170,7 @@ class StorageEmulator(HttpEmulator):
             "bucket": bucket,
             "generation": str(generation),
             "metageneration": "1",
-            "contentType": metadata.get("contentType") or content_type or "application/octet-stream",
+            **({"contentType": typed} if typed is not None else {}),
             "storageClass": metadata.get("storageClass")
             or self.state.buckets.get(bucket, {}).get("storageClass", "STANDARD"),
             "size": str(len(data)),
@@ -1250,7 +1262,7 @@ class StorageEmulator(HttpEmulator):
         accepted = http.headers.get("Accept-Encoding", "")
         self.state.downloads.append((bucket, name, http.headers.get("Range", ""), accepted))
         headers = {
-            "Content-Type": resource["contentType"],
+            "Content-Type": resource.get("contentType", "application/octet-stream"),  # served so without one (``put``)
             "ETag": resource["etag"],
             "Accept-Ranges": "bytes",
             "x-goog-generation": resource["generation"],
@@ -1325,6 +1337,13 @@ class StorageEmulator(HttpEmulator):
         data = self._objects.read(bucket, name, stored)
         source = stored["metadata"]
         given = any(key in body for key in COPIED_FIELDS)  # a body that overrides the metadata replaces all of it
+        if method == "objects.rewrite" and given and not body.get("contentType"):
+            # all of it, so a rewrite's content type must be given too: 400, reason "required" (the service's answer
+            # quoted in https://github.com/googleapis/google-cloud-java/pull/294, "rewrite (in contrast with copy)
+            # fails if no content type is specified for the destination object" given a body; "content-type is
+            # required (and operation will fail if one is not provided)":
+            # https://github.com/googleapis/google-cloud-java/issues/306)
+            raise HttpError(400, "You must specify the content type of the destination object.", "required")
         metadata = {
             **{key: copy.deepcopy(source[key]) for key in COPIED_FIELDS if key in source and not given},
             **{key: body[key] for key in (*COPIED_FIELDS, "storageClass") if key in body},
@@ -1340,7 +1359,7 @@ class StorageEmulator(HttpEmulator):
             destination["bucket"],
             metadata,
             data,
-            "" if given else source["contentType"],
+            "" if given else source.get("contentType"),
             {key: value for key, value in query.items() if key in DESTINATION_QUERY},
             components=components,
         )

@@ -903,7 +903,9 @@ def test_another_writers_change_is_made_just_before_the_matching_call(gcs):
 def test_a_rewrite_body_that_gives_metadata_replaces_all_of_the_sources(gcs):
     """objects.rewrite "Optionally overrides metadata" with its body, an object resource: a body that gives any of
     the destination's metadata replaces all of it (https://github.com/googleapis/google-cloud-java/issues/306), so
-    what it does not give is not the source's; a body of the name alone (a new Blob's) overrides nothing."""
+    what it does not give is not the source's, and it must give a contentType (400 "You must specify the content type
+    of the destination object.": https://github.com/googleapis/google-cloud-java/pull/294); a body of the name alone
+    (a new Blob's) overrides nothing."""
     bucket = create(client())
     source = bucket.blob("src/model.json")
     source.metadata, source.cache_control = {"step": "100"}, "no-store"
@@ -917,9 +919,9 @@ def test_a_rewrite_body_that_gives_metadata_replaces_all_of_the_sources(gcs):
     )
     custom = bucket.blob("dst/custom.json")
     custom.metadata = {"owner": "me"}
-    custom.rewrite(source)
-    assert custom.metadata == {"owner": "me"} and custom.cache_control is None
-    assert custom.content_type == "application/octet-stream"  # not the source's: the body gave none
+    with pytest.raises(exceptions.BadRequest, match="You must specify the content type of the destination object"):
+        custom.rewrite(source)  # metadata without a content type
+    assert gcs.object("tpupipe-ckpt", "dst/custom.json") is None
     whole = bucket.blob("dst/whole.json")
     whole.metadata, whole.content_type = {"owner": "me"}, "application/json"
     whole.rewrite(source)

@@ -29,7 +29,13 @@ class Clock:
 
 def adapter(clock: Clock, lines: list[str], **options) -> gke_compute.Compute:
     return gke_compute.Compute(
-        gke_compute.clients(), log=lines.append, poll_s=0.01, clock=clock, sleep=clock.sleep, **options
+        gke_compute.clients(),
+        log=lines.append,
+        poll_s=0.01,
+        clock=clock,
+        sleep=clock.sleep,
+        random=lambda: 0.0,
+        **options,
     )
 
 

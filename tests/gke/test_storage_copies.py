@@ -1,8 +1,11 @@
 """The shared Cloud Storage adapter's server-side copy (``Storage.copy_prefix``, components/cloud/storage.py) against
 the emulated Cloud Storage: a copy keeps its source's metadata, and what it kept rather than wrote (another writer's
-copy of the same bytes) is there when it returns."""
+copy of the same bytes) is there when it returns, and stays there: the copy takes it over."""
 
 from __future__ import annotations
+
+import pytest
+from google.api_core import exceptions
 
 from components.cloud.storage import COPY_NONCE, Storage, storage_client
 from tests.emulators.project import PROJECT
@@ -61,3 +64,68 @@ def test_another_writers_copy_that_vanishes_before_the_copy_ends_is_copied_again
     assert project.storage.objects_of(BUCKET, "dst/") == {"dst/a.bin": b"aaa", "dst/b.bin": b"bbb"}
     assert (copied, total) == (2, 2)
     assert COPY_NONCE in project.storage.object(BUCKET, "dst/a.bin")["metadata"]  # this copy's own now
+
+
+def test_an_object_without_a_content_type_is_copied_as_application_octet_stream(project_factory):
+    """A source stored without a Content-Type: the rewrite's body, which gives metadata (the nonce), must give a
+    content type too (400 otherwise), and gives the one such an object is served as."""
+    project = project_factory()
+    adapter = storage()
+    project.storage.put(BUCKET, "src/weights.bin", b"w", None, metadata={"step": "1"})
+    assert "contentType" not in project.storage.object(BUCKET, "src/weights.bin")
+    assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (1, 1, 1)
+    copied = project.storage.object(BUCKET, "dst/weights.bin")
+    assert copied["contentType"] == "application/octet-stream" and copied["metadata"]["step"] == "1"
+
+
+def test_a_kept_object_is_taken_over_so_its_writers_undo_leaves_it(project_factory):
+    """Writer B (an earlier register still running) copies a.bin, then its copy of b.bin is refused and it undoes
+    what it wrote. Writer A (the register retried) runs its whole copy between B's refusal and B's delete of a.bin: A
+    keeps B's a.bin (the same bytes) and, at its end, takes it over: a rewrite of it onto itself at B's generation,
+    with A's nonce. B's delete, conditioned on the generation B wrote, is refused (412) and B leaves a.bin: when both
+    are done, A's copy is whole."""
+    project = project_factory()
+    theirs, ours = storage(), storage()
+    lines: list[str] = []
+    theirs.log = lines.append
+    project.storage.put(BUCKET, "src/a.bin", b"aaa")
+    project.storage.put(BUCKET, "src/b.bin", b"bbb")
+    project.storage.fail("objects.rewrite", 403, when=lambda request: request["object"] == "src/b.bin")
+    done: list[object] = []
+
+    def the_retried_copy() -> None:
+        done.append(project.storage.object(BUCKET, "dst/a.bin")["metadata"][COPY_NONCE])  # B's
+        done.append(ours.copy_prefix(BUCKET, "src", "dst", create_only=True))
+
+    project.storage.meanwhile("objects.delete", the_retried_copy, when=lambda r: r["object"] == "dst/a.bin")
+    with pytest.raises(exceptions.Forbidden):
+        theirs.copy_prefix(BUCKET, "src", "dst", create_only=True)
+    assert done[1] == (1, 2, 3)  # b.bin written, a.bin kept (B's, taken over)
+    assert project.storage.objects_of(BUCKET, "dst/") == {"dst/a.bin": b"aaa", "dst/b.bin": b"bbb"}
+    assert project.storage.object(BUCKET, "dst/a.bin")["metadata"][COPY_NONCE] != done[0]  # A's now
+    assert any("dst/a.bin: another writer's since" in line for line in lines)
+
+
+def test_a_kept_object_under_its_writers_hold_is_kept_as_it_is(project_factory):
+    """A registered copy is under a temporary hold (``gate.hold_registered``): no one can delete it, nor rewrite it.
+    A copy of the same bytes again keeps it as it is rather than taking it over."""
+    project = project_factory()
+    adapter = storage()
+    project.storage.put(BUCKET, "src/a.bin", b"aaa")
+    assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (1, 1, 3)
+    assert adapter.hold_prefix(BUCKET, "dst") == 1
+    held = project.storage.object(BUCKET, "dst/a.bin")
+    assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (0, 1, 0)
+    assert project.storage.object(BUCKET, "dst/a.bin")["generation"] == held["generation"]
+
+
+def test_a_copy_that_is_not_create_only_takes_over_nothing(project_factory):
+    """A run's inputs copied again (a retried stage): what is there with the same bytes is kept at its generation,
+    which a reader may have open."""
+    project = project_factory()
+    adapter = storage()
+    project.storage.put(BUCKET, "src/a.bin", b"aaa")
+    assert adapter.copy_prefix(BUCKET, "src", "dst") == (1, 1, 3)
+    first = project.storage.object(BUCKET, "dst/a.bin")
+    assert adapter.copy_prefix(BUCKET, "src", "dst") == (0, 1, 0)
+    assert project.storage.object(BUCKET, "dst/a.bin")["generation"] == first["generation"]

@@ -25,6 +25,11 @@ from components.cloud.errors import (
 URL = "https://compute.googleapis.com/compute/v1/projects/tpupipe-emulated/global/networks"
 
 
+def no_jitter() -> float:
+    """A constant draw: the waits are the policies' exponential delays themselves."""
+    return 0.0
+
+
 def rest_error(status: int, reason: str = "", errors_reason: str = "") -> exceptions.GoogleAPICallError:
     """What api_core raises for an HTTP answer of ``status`` in Google's JSON error shape, with an ErrorInfo
     ``reason`` and an ``errors[].reason`` when given (https://cloud.google.com/apis/design/errors)."""
@@ -118,7 +123,7 @@ def test_a_transient_http_answer_is_asked_again_with_the_policys_backoff(status)
     sleeps: list[float] = []
     lines: list[str] = []
     policy = RetryPolicy(attempts=5, initial_s=1.0, multiplier=2.0, max_s=30.0)
-    assert call_with_retry("create network", call, policy, lines.append, sleeps.append) == "done"
+    assert call_with_retry("create network", call, policy, lines.append, sleeps.append, random=no_jitter) == "done"
     assert sleeps == [1.0, 2.0] and len(lines) == 2 and "(attempt 2/5)" in lines[0]
 
 
@@ -132,7 +137,7 @@ def test_the_attempts_are_limited_and_the_delay_capped():
 
     policy = RetryPolicy(attempts=4, initial_s=1.0, multiplier=2.0, max_s=3.0)
     with pytest.raises(GkeError, match="create network: still TooManyRequests after 4 attempts"):
-        call_with_retry("create network", call, policy, lambda line: None, sleeps.append)
+        call_with_retry("create network", call, policy, lambda line: None, sleeps.append, random=no_jitter)
     assert len(tries) == 4 and sleeps == [1.0, 2.0, 3.0]
 
 
@@ -171,6 +176,8 @@ def test_internal_over_grpc_is_not_asked_again(monkeypatch):
         (rest_error(403, errors_reason="rateLimitExceeded"), True),  # Compute's
         (rest_error(403, "RATE_LIMIT_EXCEEDED"), True),
         (rest_error(429, "RATE_LIMIT_EXCEEDED"), True),
+        (rest_error(429, errors_reason="rateLimitExceeded"), True),  # a REST 429's reason
+        (rest_error(429, errors_reason="userRateLimitExceeded"), True),
         (
             exceptions.from_grpc_status(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "s", error_info={"reason": "RATE_LIMIT_EXCEEDED"}
@@ -200,7 +207,7 @@ def test_a_rate_limit_is_asked_again_past_the_minute_its_quota_refills_in():
         raise rest_error(403, errors_reason="rateLimitExceeded")
 
     with pytest.raises(GkeError, match="still Forbidden after 7 attempts"):
-        call_with_retry("create network", call, RetryPolicy(), lambda line: None, sleeps.append)
+        call_with_retry("create network", call, RetryPolicy(), lambda line: None, sleeps.append, random=no_jitter)
     assert len(tries) == 7 and sleeps == [5.0, 10.0, 20.0, 30.0, 30.0, 30.0] and sum(sleeps) > 120
     assert RATE_LIMIT_RETRY.attempts == 7
 
@@ -211,5 +218,34 @@ def test_rate_limits_and_other_transient_errors_count_against_their_own_policies
     sleeps: list[float] = []
     lines: list[str] = []
     ordinary, rate = RetryPolicy(attempts=3), RetryPolicy(attempts=3, initial_s=7.0)
-    assert call_with_retry("create network", call, ordinary, lines.append, sleeps.append, rate) == "done"
+    assert call_with_retry("create network", call, ordinary, lines.append, sleeps.append, rate, no_jitter) == "done"
     assert sleeps == [1.0, 7.0, 2.0, 14.0] and "(attempt 3/3)" in lines[-1]
+
+
+def test_a_rate_limited_429_gets_the_rate_limit_policy_by_its_errors_reason():
+    """A REST 429 that says rateLimitExceeded in ``errors[].reason`` (and carries no ErrorInfo) is waited out with the
+    rate-limit policy, like a 403 of that reason, not with the ordinary policy's 1, 2 s."""
+    call = failing(
+        rest_error(429, errors_reason="rateLimitExceeded"), rest_error(429, errors_reason="rateLimitExceeded")
+    )
+    sleeps: list[float] = []
+    assert call_with_retry("list", call, RetryPolicy(), lambda line: None, sleeps.append, random=no_jitter) == "done"
+    assert sleeps == [5.0, 10.0]
+
+
+def test_the_waits_are_jittered_by_the_injected_draws_above_the_exponential_delay():
+    """Each wait is the policy's exponential delay and up to half as much again, by a draw in [0, 1): callers that
+    failed together come back apart, and the rate-limit policy's waits still add up to more than a minute."""
+    draws = iter([0.0, 0.5, 0.999, 0.25, 0.0, 0.0])
+    sleeps: list[float] = []
+    lines: list[str] = []
+
+    def call() -> None:
+        raise rest_error(403, errors_reason="rateLimitExceeded")
+
+    with pytest.raises(GkeError, match="after 7 attempts"):
+        call_with_retry("create network", call, RetryPolicy(), lines.append, sleeps.append, random=lambda: next(draws))
+    assert sleeps == pytest.approx([5.0, 12.5, 29.99, 33.75, 30.0, 30.0])
+    assert "retrying in 12s" in lines[1]
+    assert RetryPolicy().delay_s(3, 0.999) < RetryPolicy().delay_s(3) * 1.5
+    assert sum(RATE_LIMIT_RETRY.delay_s(n) for n in range(1, RATE_LIMIT_RETRY.attempts)) > 120
