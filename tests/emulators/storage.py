@@ -83,12 +83,12 @@ count and no MD5 (https://cloud.google.com/storage/docs/composite-objects), and 
 
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
 "buckets.testIamPermissions", "objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy",
-"objects.rewrite", "objects.compose"): an HTTP error for the next N matching calls, before the call takes effect
-(``fail``), or a lost reply, after it took effect (``lose``: the connection closed before any answer, one of the
-"Socket timeouts and TCP disconnects" a client retries, https://cloud.google.com/storage/docs/retry-strategy). Every
-request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an
-"objects.get". ``meanwhile`` runs another writer's change just before the next matching call takes effect (a test's
-way to put a concurrent writer between two of a client's requests).
+"objects.rewrite", "objects.compose", "objects.patch"): an HTTP error for the next N matching calls, before the call
+takes effect (``fail``), or a lost reply, after it took effect (``lose``: the connection closed before any answer, one
+of the "Socket timeouts and TCP disconnects" a client retries, https://cloud.google.com/storage/docs/retry-strategy).
+Every request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an
+"objects.get". ``meanwhile`` runs another writer's change just before the next matching call takes effect (a test's way
+to put a concurrent writer between two of a client's requests).
 
 Identities: a request authenticated by the emulator's ``token`` (the static token, or one the ``TokenIssuer`` minted:
 the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked

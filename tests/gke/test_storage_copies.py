@@ -145,3 +145,19 @@ def test_a_retried_copy_to_a_bucket_with_a_retention_policy_copies_nothing_again
     first = {name: project.storage.object(locked, name)["generation"] for name in ("dst/a.bin", "dst/b.bin")}
     assert adapter.copy_prefix(locked, "src", "dst", create_only=True) == (0, 2, 0)
     assert {name: project.storage.object(locked, name)["generation"] for name in first} == first
+
+
+def test_a_claim_whose_reply_was_lost_is_recognised_by_its_nonce(project_factory):
+    """The claim's patch takes effect and its reply is lost: the retry, at the metageneration listed, is refused
+    (412), and the object, which carries this copy's nonce, is this copy's. The copy succeeds and copies nothing."""
+    project = project_factory()
+    adapter = storage()
+    project.storage.put(BUCKET, "src/a.bin", b"aaa")
+    project.storage.put(BUCKET, "dst/a.bin", b"aaa")  # another writer's copy of the same bytes
+    before = project.storage.object(BUCKET, "dst/a.bin")
+    project.storage.lose("objects.patch")
+    assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (0, 1, 0)
+    now = project.storage.object(BUCKET, "dst/a.bin")
+    assert now["generation"] == before["generation"] and now["metageneration"] == "2"
+    assert COPY_NONCE in now["metadata"]
+    assert project.storage.state.calls.count("objects.patch") == 2  # the claim, and its refused retry
