@@ -231,19 +231,18 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         (0, 0, 0) when ``source/`` holds nothing. What the copy kept rather than wrote (an earlier copy's object,
         another writer's) is listed again at the end: one gone or holding other bytes since (another writer's copy that
         failed and deleted what it wrote, say) is copied again. A ``create_only`` copy that fails deletes what it wrote:
-        its destination holds none of it (what an earlier copy or another writer made is kept, taken over or not); so
-        such a copy also takes over each object it kept (``_take_over``), which its writer, whose copy may still fail,
-        can then no longer delete. (A copy that is not ``create_only`` takes over nothing: it has no undo, its
-        destination, a run's inputs, is written by no copy that has one, and a new generation would change the object
-        under a reader that has it open, a Cloud Storage FUSE mount say.)"""
+        its destination holds none of it (what an earlier copy or another writer made is kept, claimed or not); so
+        such a copy also claims each object it kept (``_claim``: a metadata patch, not a new generation), which its
+        writer, whose copy may still fail, can then no longer delete. (A copy that is not ``create_only`` claims
+        nothing: it has no undo, and its destination, a run's inputs, is written by no copy that has one.)"""
         bucket = self.client.bucket(name)
         found = self._listed(name, source)
         have = {b.name: b for b in self._listed(name, destination)}
         if generations is not None:
             found = _pinned(found, source, generations)
         nonce = uuid.uuid4().hex  # this call's: in each object it writes
-        made: list[tuple[str, int]] = []  # (name, generation) of each object this call wrote
-        taken: set[str] = set()  # the kept objects this call took over (``_take_over``)
+        made: list[tuple[str, int, int]] = []  # (name, generation, metageneration) of each object this call wrote
+        claimed: set[str] = set()  # the kept objects this call claimed (``_claim``)
 
         def target(blob: Blob) -> str:
             return f"{destination}/{blob.name.removeprefix(f'{source}/')}"
@@ -255,16 +254,16 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             pending = missing(have, found)
             for _ in range(self.retry.attempts):
                 for blob in pending:
-                    generation = self._copy(bucket, blob, target(blob), source, create_only, generations, nonce)
-                    if generation is not None:
-                        made.append((target(blob), generation))
-                written = {path for path, _ in made} | taken
+                    version = self._copy(bucket, blob, target(blob), source, create_only, generations, nonce)
+                    if version is not None:
+                        made.append((target(blob), *version))
+                written = {path for path, _, _ in made} | claimed
                 kept = [b for b in found if target(b) not in written]  # already there, or another writer's copy
                 there = {b.name: b for b in self._listed(name, destination)} if kept else {}
                 pending = missing(there, kept)
                 if not pending and create_only:  # each kept object made this call's, or looked at again (changed)
-                    taken |= {target(b) for b in kept if self._take_over(bucket, there[target(b)], nonce)}
-                    pending = [b for b in kept if target(b) not in taken]
+                    claimed |= {target(b) for b in kept if self._claim(bucket, there[target(b)], nonce)}
+                    pending = [b for b in kept if target(b) not in claimed]
                 if not pending:
                     break
                 self.log(
@@ -280,18 +279,18 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             if create_only:  # made whole or not at all: no part of a failed copy is left where it was going
                 self._undo(name, made)
             raise
-        written = {path for path, _ in made}
+        written = {path for path, _, _ in made}
         size = sum(b.size or 0 for b in found if target(b) in written)
         return len(made), len(found), size
 
-    def _rewrite(self, what: str, copy: Blob, source: Blob, **conditions: int) -> int:
+    def _rewrite(self, what: str, copy: Blob, source: Blob, **conditions: int) -> tuple[int, int]:
         """``copy`` rewritten from ``source`` (objects.rewrite, asked again with its token until done) under
-        ``conditions`` (``Blob.rewrite``'s preconditions); the generation written."""
+        ``conditions`` (``Blob.rewrite``'s preconditions); the generation and metageneration written."""
         token = None
         while True:
             token, _, _ = self.call(what, functools.partial(copy.rewrite, source, token, **conditions))
             if token is None:
-                return int(copy.generation)
+                return int(copy.generation), int(copy.metageneration)
 
     def _copy(
         self,
@@ -302,15 +301,15 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
         create_only: bool,
         generations: dict[str, int] | None,
         nonce: str,
-    ) -> int | None:
-        """One object of ``copy_prefix``: the generation of its copy ``target``, written with ``nonce`` in its custom
-        metadata; None when a create-only rewrite finds another writer's copy of the same bytes there (kept: not this
-        call's to undo). The rewrite sends the destination's resource as its body (``Blob.rewrite`` posts the blob's
-        properties, google/cloud/storage/blob.py at 3.17.1; objects.rewrite "Optionally overrides metadata":
-        https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), which carries the source's metadata and
-        the nonce (:func:`carry_metadata`). A create-only rewrite refused with
-        412 by a ``target`` that carries ``nonce`` is this call's own: a retry of a request that took effect but whose
-        reply was lost. Such a rewrite is asked again: "Socket timeouts and TCP disconnects" are transient
+    ) -> tuple[int, int] | None:
+        """One object of ``copy_prefix``: the generation and metageneration of its copy ``target``, written with
+        ``nonce`` in its custom metadata; None when a create-only rewrite finds another writer's copy of the same bytes
+        there (kept: not this call's to undo). The rewrite sends the destination's resource as its body
+        (``Blob.rewrite`` posts the blob's properties, google/cloud/storage/blob.py at 3.17.1; objects.rewrite
+        "Optionally overrides metadata": https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite), which
+        carries the source's metadata and the nonce (:func:`carry_metadata`). A create-only rewrite refused with 412 by
+        a ``target`` that carries ``nonce`` is this call's own: a retry of a request that took effect but whose reply
+        was lost. Such a rewrite is asked again: "Socket timeouts and TCP disconnects" are transient
         (https://cloud.google.com/storage/docs/retry-strategy, "Response"), and a write with a generation precondition
         is safe to retry (the same page, "Conditional idempotency"), so google-cloud-storage retries it itself
         (``DEFAULT_RETRY_IF_GENERATION_SPECIFIED``, google/cloud/storage/blob.py at 3.17.1), as does ``call``; the retry
@@ -336,7 +335,7 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
             there = self.call(f"get gs://{name}/{target}", functools.partial(bucket.get_blob, target))
             if there is not None and (there.metadata or {}).get(COPY_NONCE) == nonce:
                 self.log(f"  gs://{name}/{target}: already this copy of gs://{name}/{blob.name} (a reply lost)")
-                return int(there.generation)
+                return int(there.generation), int(there.metageneration)
             if there is not None and same_bytes(there, blob):
                 self.log(f"  gs://{name}/{target}: another writer's copy of the same bytes meanwhile: kept")
                 return None
@@ -346,53 +345,55 @@ class Storage(Adapter[Any]):  # a google.cloud.storage Client (credentials.stora
                 "copy under this run id): it is never replaced; start this run with another run id",
             ) from None
 
-    def _take_over(self, bucket: Bucket, there: Blob, nonce: str) -> bool:
+    def _claim(self, bucket: Bucket, there: Blob, nonce: str) -> bool:
         """Make a kept object (``there``, as listed: another writer's copy of the same bytes, or an earlier copy's)
-        this call's, so that its writer's undo cannot delete it after the copy returns: it is rewritten onto itself
-        (a rewrite "in place", as google-cloud-storage's ``Blob.update_storage_class`` makes one, blob.py at 3.17.1),
-        read at its listed generation (``sourceGeneration``, which ``Blob.rewrite`` sends for a source with a
-        generation) and written only while that generation is the live one (``ifGenerationMatch``), with this call's
-        nonce: the same bytes as a new generation, so the other writer's delete, conditioned on its own generation,
-        fails with 412 (https://cloud.google.com/storage/docs/request-preconditions) and leaves it (``_undo``). True
-        when it is this call's (or under a hold, which no one can delete it through: "the object cannot be deleted or
-        replaced", https://cloud.google.com/storage/docs/object-holds); False when it changed or went since it was
-        listed (412, 404): the copy looks at it again."""
-        from google.api_core.exceptions import Forbidden, NotFound, PreconditionFailed
+        this call's, so that its writer's undo cannot delete it after the copy returns: its custom metadata is patched
+        to carry this call's nonce (objects.patch, which needs ``storage.objects.update``:
+        https://cloud.google.com/storage/docs/json_api/v1/objects/patch) at its listed generation and only while its
+        listed metageneration is the live one (``ifGenerationMatch``, ``ifMetagenerationMatch``:
+        https://cloud.google.com/storage/docs/request-preconditions). "The metageneration number is incremented each
+        time there is a metadata update" (https://cloud.google.com/storage/docs/metadata#generation-number), so the
+        writer's delete, conditioned on the metageneration it wrote (``_undo``), then fails with 412 and leaves it,
+        while the object keeps its generation, bytes and storage class. A patch deletes and replaces nothing, so
+        neither a hold ("the object cannot be deleted or replaced", and "you can edit the metadata" of a held object:
+        https://cloud.google.com/storage/docs/object-holds) nor the bucket's retention policy ("objects in the bucket
+        can only be deleted or replaced once their age is greater than the retention period":
+        https://cloud.google.com/storage/docs/bucket-lock) refuses it. True when it is this call's; False when it
+        changed or went since it was listed (412, 404): the copy looks at it again."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
 
         name, path = bucket.name, there.name
-        mine = bucket.blob(path)
-        carry_metadata(there, mine, nonce)
+        conditions = {
+            "if_generation_match": int(there.generation),
+            "if_metageneration_match": int(there.metageneration),
+        }
+        there.metadata = {**(there.metadata or {}), COPY_NONCE: nonce}  # all of it: patched whole, or merged
         try:
-            self._rewrite(f"take over gs://{name}/{path}", mine, there, if_generation_match=int(there.generation))
+            self.call(f"claim gs://{name}/{path}", functools.partial(there.patch, **conditions))
             return True
-        except (PreconditionFailed, NotFound, Forbidden) as exc:
+        except (PreconditionFailed, NotFound):
             now = self.call(f"get gs://{name}/{path}", functools.partial(bucket.get_blob, path))
-            if now is not None and (now.metadata or {}).get(COPY_NONCE) == nonce:
-                return True  # its reply lost, a retry refused
-            if not isinstance(exc, Forbidden):
-                return False
-            if now is not None and now.generation == there.generation and (now.temporary_hold or now.event_based_hold):
-                self.log(f"  gs://{name}/{path}: kept under its writer's hold")
-                return True
-            raise
+            return now is not None and (now.metadata or {}).get(COPY_NONCE) == nonce  # its reply lost, a retry refused
 
-    def _undo(self, name: str, made: list[tuple[str, int]]) -> None:
-        """Delete the objects a failed copy wrote, each at the generation it wrote (``ifGenerationMatch``: never a
-        later writer's), whatever the first failure was; one at another generation since (412: another copy took it
-        over, ``_take_over``) or gone (404) is left; one that cannot be deleted is logged."""
+    def _undo(self, name: str, made: list[tuple[str, int, int]]) -> None:
+        """Delete the objects a failed copy wrote, each at the generation and metageneration it wrote
+        (``ifGenerationMatch``, ``ifMetagenerationMatch``: never a later writer's, nor one another copy claimed since,
+        ``_claim``), whatever the first failure was; one changed since (412) or gone (404) is left; one that cannot be
+        deleted is logged."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
         bucket = self.client.bucket(name)
         deleted = 0
-        for target, generation in made:
+        for target, generation, metageneration in made:
+            delete = bucket.blob(target).delete
             try:
                 self.call(
                     f"delete gs://{name}/{target}",
-                    functools.partial(bucket.blob(target).delete, if_generation_match=generation),
+                    functools.partial(delete, if_generation_match=generation, if_metageneration_match=metageneration),
                 )
                 deleted += 1
             except (PreconditionFailed, NotFound):
-                self.log(f"  gs://{name}/{target}: another writer's since (taken over, or gone): left")
+                self.log(f"  gs://{name}/{target}: another writer's since (claimed, or gone): left")
             except Exception as exc:  # noqa: BLE001 - the copy's own failure is what is raised
                 self.log(f"  could not delete gs://{name}/{target} of the failed copy: {exc}")
         if deleted:

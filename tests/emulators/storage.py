@@ -50,6 +50,9 @@ https://cloud.google.com/storage/docs/transcoding). ``state.downloads`` records 
 Accept-Encoding headers; ``cut(after)`` makes the next download break off after that many bytes of its body, the
 connection closed, which the client must resume itself (https://cloud.google.com/storage/docs/downloads), and
 ``whole()`` answers the next ranged download with the whole object, as HTTP lets a server or proxy do.
+A bucket created with a ``retentionPolicy`` (``retentionPeriod`` in seconds) refuses, with 403, to delete or
+replace an object younger than that period, as it refuses it for an object under a hold; a metadata patch of such an
+object is allowed and, like any patch, raises its metageneration (``_not_retained``, ``_patch_object``).
 A request may name the object's generation (``generation``: "selects a specific revision of this object",
 https://cloud.google.com/storage/docs/json_api/v1/objects/get); only the live one is kept (the emulator has no Object
 Versioning, without which an object's live version is gone once it is replaced or deleted:
@@ -80,12 +83,12 @@ count and no MD5 (https://cloud.google.com/storage/docs/composite-objects), and 
 
 Faults are injected per method ("buckets.get", "buckets.insert", "buckets.getIamPolicy", "buckets.setIamPolicy",
 "buckets.testIamPermissions", "objects.insert", "objects.get", "objects.delete", "objects.list", "objects.copy",
-"objects.rewrite", "objects.compose"): an HTTP error for the next N matching calls, before the call takes effect
-(``fail``), or a lost reply, after it took effect (``lose``: the connection closed before any answer, one of the
-"Socket timeouts and TCP disconnects" a client retries, https://cloud.google.com/storage/docs/retry-strategy). Every
-request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an
-"objects.get". ``meanwhile`` runs another writer's change just before the next matching call takes effect (a test's
-way to put a concurrent writer between two of a client's requests).
+"objects.rewrite", "objects.compose", "objects.patch"): an HTTP error for the next N matching calls, before the call
+takes effect (``fail``), or a lost reply, after it took effect (``lose``: the connection closed before any answer, one
+of the "Socket timeouts and TCP disconnects" a client retries, https://cloud.google.com/storage/docs/retry-strategy).
+Every request of an upload is an "objects.insert" (a resumable upload's start and each of its chunks); a download is an
+"objects.get". ``meanwhile`` runs another writer's change just before the next matching call takes effect (a test's way
+to put a concurrent writer between two of a client's requests).
 
 Identities: a request authenticated by the emulator's ``token`` (the static token, or one the ``TokenIssuer`` minted:
 the workstation user's Application Default Credentials) acts as the project's owner, and no IAM permission is checked
@@ -893,6 +896,9 @@ class StorageEmulator(HttpEmulator):
             "rpo": body.get("rpo", "DEFAULT"),
             "etag": _etag(1),
         }
+        if "retentionPolicy" in body:  # in force from now, unlocked (``buckets.lockRetentionPolicy`` locks it)
+            period = str(body["retentionPolicy"].get("retentionPeriod", "0"))
+            self.state.buckets[bucket]["retentionPolicy"] = {"retentionPeriod": period, "effectiveTime": now}
         self.state.owners[bucket] = project
         self._objects.add_bucket(bucket)
         self.state.policies[bucket] = {
@@ -1126,7 +1132,7 @@ class StorageEmulator(HttpEmulator):
         upload says the data has (the metadata's crc32c and md5Hash, an ``x-goog-hash`` header's). ``components``: a
         composite object's component count (``_resource``)."""
         name = self._checked(bucket, metadata, query)
-        _not_held(bucket, name, self._objects.get(bucket, name))
+        self._not_retained(bucket, name, self._objects.get(bucket, name))
         md5, crc32c = _hashes(data)
         claimed = {"crc32c": metadata.get("crc32c"), "md5": metadata.get("md5Hash"), **(claimed or {})}
         for kind, label, actual in (("crc32c", "CRC32C", crc32c), ("md5", "MD5 hash", md5)):
@@ -1303,14 +1309,39 @@ class StorageEmulator(HttpEmulator):
         return answer(206, data[first : last + 1], {**headers, "Content-Range": f"bytes {first}-{last}/{len(data)}"})
 
     def _delete_object(self, bucket: str, name: str, query: dict) -> tuple[int, None, dict]:
-        _not_held(bucket, name, self._object(bucket, name, query))
+        self._not_retained(bucket, name, self._object(bucket, name, query))
         self._objects.delete(bucket, name)
         return 204, None, {}
+
+    def _not_retained(self, bucket: str, name: str, stored: dict | None) -> None:
+        """403 when the live object may be neither deleted nor replaced: under a hold (``_not_held``), or younger than
+        its bucket's retention period: "objects in the bucket can only be deleted or replaced once their age is
+        greater than the retention period", which "retroactively applies to existing objects"
+        (https://cloud.google.com/storage/docs/bucket-lock); "Any attempt to overwrite or delete objects younger than
+        the retention period will result in a PERMISSION_DENIED error" (the bucket resource's retentionPolicy:
+        https://cloud.google.com/storage/docs/json_api/v1/buckets#resource). Its message and reason are the service's
+        as a client reported them (https://github.com/treeverse/lakeFS/issues/1339). A metadata patch is neither, so
+        ``_patch_object`` does not ask."""
+        _not_held(bucket, name, stored)
+        policy = self.state.buckets.get(bucket, {}).get("retentionPolicy")
+        if stored is None or not policy:
+            return
+        created = datetime.fromisoformat(stored["metadata"]["timeCreated"].replace("Z", "+00:00"))
+        until = created + timedelta(seconds=int(policy["retentionPeriod"]))
+        if datetime.now(UTC) < until:
+            raise HttpError(
+                403,
+                f"Object '{bucket}/{name}' is subject to bucket's retention policy and cannot be deleted, overwritten "
+                f"or archived until {until.isoformat()}",
+                "forbidden",
+            )
 
     def _patch_object(self, bucket: str, name: str, query: dict, body: dict) -> dict:
         """objects.patch of the metadata a writer may change (its holds, custom metadata, content headers): the same
         generation, its metageneration one more (https://cloud.google.com/storage/docs/json_api/v1/objects/patch;
-        "you can edit the metadata" of a held object: https://cloud.google.com/storage/docs/object-holds)."""
+        "you can edit the metadata" of a held object: https://cloud.google.com/storage/docs/object-holds; nor is a
+        patch the deletion or replacement that a bucket's retention policy refuses, ``_not_retained``), under the
+        request's generation and metageneration preconditions (``_object``)."""
         unknown = sorted(set(body) - OBJECT_FIELDS)
         if unknown:
             raise HttpError(400, f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
@@ -1319,8 +1350,12 @@ class StorageEmulator(HttpEmulator):
         for key in PATCHED_FIELDS:
             if key in body:
                 resource[key] = body[key]
-        resource["metageneration"] = str(int(resource["metageneration"]) + 1)
-        resource["updated"] = _now()
+        metageneration = int(resource["metageneration"]) + 1
+        resource.update(
+            metageneration=str(metageneration),
+            etag=_etag(int(resource["generation"]), metageneration),
+            updated=_now(),
+        )
         self._objects.write(bucket, name, resource, self._objects.read(bucket, name, stored))
         return copy.deepcopy(resource)
 

@@ -798,6 +798,54 @@ def test_a_held_object_cannot_be_deleted_or_replaced_until_its_hold_is_released(
     assert gcs.data(BUCKET, "models/m/r/weights") is None
 
 
+def test_a_retention_policy_refuses_to_delete_or_replace_a_young_object_and_allows_a_metadata_patch(gcs):
+    """A bucket's retention policy: "objects in the bucket can only be deleted or replaced once their age is greater
+    than the retention period" (https://cloud.google.com/storage/docs/bucket-lock), 403 otherwise; a metadata patch is
+    neither, so it is allowed, and it raises the metageneration, the generation kept."""
+    bucket = create(client(), retention_period=3600)
+    assert client().get_bucket(BUCKET).retention_policy_effective_time is not None
+    bucket.blob("models/m/r/weights").upload_from_string(b"kept")
+    source = bucket.blob("runs/r/weights")
+    source.upload_from_string(b"other")
+    kept = bucket.get_blob("models/m/r/weights")
+    for call in (
+        kept.delete,
+        lambda: bucket.blob("models/m/r/weights").upload_from_string(b"replaced"),
+        lambda: bucket.blob("models/m/r/weights").rewrite(source),
+    ):
+        with pytest.raises(exceptions.Forbidden, match="subject to bucket's retention policy"):
+            call()
+    generation = kept.generation
+    kept.metadata = {"note": "editable"}
+    kept.patch(if_generation_match=generation, if_metageneration_match=1)
+    assert (kept.generation, kept.metageneration, kept.metadata) == (generation, 2, {"note": "editable"})
+    assert gcs.data(BUCKET, "models/m/r/weights") == b"kept"
+
+
+def test_a_delete_or_patch_at_a_stale_metageneration_is_refused(gcs):
+    """objects.delete and objects.patch take ``ifMetagenerationMatch`` ("Makes the operation conditional on whether
+    the object's current metageneration matches the given value": https://cloud.google.com/storage/docs/json_api/v1/
+    objects/delete), and a patch raises it ("The metageneration number is incremented each time there is a metadata
+    update": https://cloud.google.com/storage/docs/metadata#generation-number, and with it the etag): after another
+    writer's patch, a delete
+    at the generation and metageneration first written is refused (412) and leaves the object."""
+    bucket = create(client())
+    written = bucket.blob("models/m/r/weights")
+    written.upload_from_string(b"kept")
+    generation, etag = written.generation, written.etag
+    theirs = bucket.get_blob("models/m/r/weights")
+    theirs.metadata = {"owner": "another copy"}
+    theirs.patch(if_generation_match=generation, if_metageneration_match=1)
+    assert theirs.etag != etag  # the resource's etag, of its generation and metageneration
+    with pytest.raises(exceptions.PreconditionFailed):
+        written.delete(if_generation_match=generation, if_metageneration_match=1)
+    with pytest.raises(exceptions.PreconditionFailed):
+        written.patch(if_generation_match=generation, if_metageneration_match=1)
+    assert gcs.data(BUCKET, "models/m/r/weights") == b"kept"
+    written.delete(if_generation_match=generation, if_metageneration_match=2)
+    assert gcs.data(BUCKET, "models/m/r/weights") is None
+
+
 def test_a_gzip_encoded_object_is_served_decompressed_unless_gzip_is_accepted_and_a_cut_download_stops_short(gcs):
     """Decompressive transcoding (https://cloud.google.com/storage/docs/transcoding): without ``Accept-Encoding:
     gzip`` the data inflated, no Content-Encoding, a Range ignored; with it the stored bytes, a Range honoured. The

@@ -1,6 +1,6 @@
 """The shared Cloud Storage adapter's server-side copy (``Storage.copy_prefix``, components/cloud/storage.py) against
 the emulated Cloud Storage: a copy keeps its source's metadata, and what it kept rather than wrote (another writer's
-copy of the same bytes) is there when it returns, and stays there: the copy takes it over."""
+copy of the same bytes) is there when it returns, and stays there: the copy claims it (a metadata patch)."""
 
 from __future__ import annotations
 
@@ -78,12 +78,13 @@ def test_an_object_without_a_content_type_is_copied_as_application_octet_stream(
     assert copied["contentType"] == "application/octet-stream" and copied["metadata"]["step"] == "1"
 
 
-def test_a_kept_object_is_taken_over_so_its_writers_undo_leaves_it(project_factory):
+def test_a_kept_object_is_claimed_so_its_writers_undo_leaves_it(project_factory):
     """Writer B (an earlier register still running) copies a.bin, then its copy of b.bin is refused and it undoes
     what it wrote. Writer A (the register retried) runs its whole copy between B's refusal and B's delete of a.bin: A
-    keeps B's a.bin (the same bytes) and, at its end, takes it over: a rewrite of it onto itself at B's generation,
-    with A's nonce. B's delete, conditioned on the generation B wrote, is refused (412) and B leaves a.bin: when both
-    are done, A's copy is whole."""
+    keeps B's a.bin (the same bytes) and, at its end, claims it: a metadata patch of A's nonce at B's generation and
+    metageneration, which keeps the generation and raises the metageneration. B's delete, conditioned on the
+    generation and metageneration B wrote, is refused (412) and B leaves a.bin: when both are done, A's copy is
+    whole, and a.bin is still the generation B wrote."""
     project = project_factory()
     theirs, ours = storage(), storage()
     lines: list[str] = []
@@ -94,21 +95,26 @@ def test_a_kept_object_is_taken_over_so_its_writers_undo_leaves_it(project_facto
     done: list[object] = []
 
     def the_retried_copy() -> None:
-        done.append(project.storage.object(BUCKET, "dst/a.bin")["metadata"][COPY_NONCE])  # B's
+        done.append(project.storage.object(BUCKET, "dst/a.bin"))  # B's
         done.append(ours.copy_prefix(BUCKET, "src", "dst", create_only=True))
 
     project.storage.meanwhile("objects.delete", the_retried_copy, when=lambda r: r["object"] == "dst/a.bin")
     with pytest.raises(exceptions.Forbidden):
         theirs.copy_prefix(BUCKET, "src", "dst", create_only=True)
-    assert done[1] == (1, 2, 3)  # b.bin written, a.bin kept (B's, taken over)
+    assert done[1] == (1, 2, 3)  # b.bin written, a.bin kept (B's, claimed)
     assert project.storage.objects_of(BUCKET, "dst/") == {"dst/a.bin": b"aaa", "dst/b.bin": b"bbb"}
-    assert project.storage.object(BUCKET, "dst/a.bin")["metadata"][COPY_NONCE] != done[0]  # A's now
+    b_wrote, now = done[0], project.storage.object(BUCKET, "dst/a.bin")
+    assert isinstance(b_wrote, dict) and now is not None
+    assert now["metadata"][COPY_NONCE] != b_wrote["metadata"][COPY_NONCE]  # A's now
+    assert (now["generation"], now["metageneration"]) == (b_wrote["generation"], "2")  # patched, not rewritten
     assert any("dst/a.bin: another writer's since" in line for line in lines)
 
 
-def test_a_kept_object_under_its_writers_hold_is_kept_as_it_is(project_factory):
-    """A registered copy is under a temporary hold (``gate.hold_registered``): no one can delete it, nor rewrite it.
-    A copy of the same bytes again keeps it as it is rather than taking it over."""
+def test_a_kept_object_under_its_writers_hold_is_claimed_as_it_is(project_factory):
+    """A registered copy is under a temporary hold (``gate.hold_registered``): no one can delete it, nor replace it,
+    but its metadata may change ("you can edit the metadata" of a held object:
+    https://cloud.google.com/storage/docs/object-holds). A copy of the same bytes again keeps it and claims it by a
+    metadata patch: the same generation, still held."""
     project = project_factory()
     adapter = storage()
     project.storage.put(BUCKET, "src/a.bin", b"aaa")
@@ -116,16 +122,42 @@ def test_a_kept_object_under_its_writers_hold_is_kept_as_it_is(project_factory):
     assert adapter.hold_prefix(BUCKET, "dst") == 1
     held = project.storage.object(BUCKET, "dst/a.bin")
     assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (0, 1, 0)
-    assert project.storage.object(BUCKET, "dst/a.bin")["generation"] == held["generation"]
+    now = project.storage.object(BUCKET, "dst/a.bin")
+    assert now["generation"] == held["generation"] and now["temporaryHold"] is True
+    assert now["metadata"][COPY_NONCE] != held["metadata"][COPY_NONCE]  # the second copy's
 
 
-def test_a_copy_that_is_not_create_only_takes_over_nothing(project_factory):
-    """A run's inputs copied again (a retried stage): what is there with the same bytes is kept at its generation,
-    which a reader may have open."""
+def test_a_retried_copy_to_a_bucket_with_a_retention_policy_copies_nothing_again(project_factory):
+    """A bucket with a retention policy refuses to replace or delete an object younger than its period (403:
+    https://cloud.google.com/storage/docs/bucket-lock). A retried register's copy keeps what the first one wrote and
+    claims it by a metadata patch, which that policy allows: it succeeds, copies nothing, and every object keeps its
+    generation."""
+    project = project_factory()
+    adapter = Storage(storage_client(PROJECT), log=lambda line: None, sleep=lambda s: None)
+    locked = f"{PROJECT}-retained"
+    bucket = adapter.client.bucket(locked)
+    bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+    bucket.retention_period = 86400
+    adapter.client.create_bucket(bucket, location="us-east5")
+    project.storage.put(locked, "src/a.bin", b"aaa")
+    project.storage.put(locked, "src/b.bin", b"bbb")
+    assert adapter.copy_prefix(locked, "src", "dst", create_only=True) == (2, 2, 6)
+    first = {name: project.storage.object(locked, name)["generation"] for name in ("dst/a.bin", "dst/b.bin")}
+    assert adapter.copy_prefix(locked, "src", "dst", create_only=True) == (0, 2, 0)
+    assert {name: project.storage.object(locked, name)["generation"] for name in first} == first
+
+
+def test_a_claim_whose_reply_was_lost_is_recognised_by_its_nonce(project_factory):
+    """The claim's patch takes effect and its reply is lost: the retry, at the metageneration listed, is refused
+    (412), and the object, which carries this copy's nonce, is this copy's. The copy succeeds and copies nothing."""
     project = project_factory()
     adapter = storage()
     project.storage.put(BUCKET, "src/a.bin", b"aaa")
-    assert adapter.copy_prefix(BUCKET, "src", "dst") == (1, 1, 3)
-    first = project.storage.object(BUCKET, "dst/a.bin")
-    assert adapter.copy_prefix(BUCKET, "src", "dst") == (0, 1, 0)
-    assert project.storage.object(BUCKET, "dst/a.bin")["generation"] == first["generation"]
+    project.storage.put(BUCKET, "dst/a.bin", b"aaa")  # another writer's copy of the same bytes
+    before = project.storage.object(BUCKET, "dst/a.bin")
+    project.storage.lose("objects.patch")
+    assert adapter.copy_prefix(BUCKET, "src", "dst", create_only=True) == (0, 1, 0)
+    now = project.storage.object(BUCKET, "dst/a.bin")
+    assert now["generation"] == before["generation"] and now["metageneration"] == "2"
+    assert COPY_NONCE in now["metadata"]
+    assert project.storage.state.calls.count("objects.patch") == 2  # the claim, and its refused retry
