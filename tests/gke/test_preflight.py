@@ -98,6 +98,17 @@ def test_a_missing_reservation_and_a_missing_permission_exit_2_before_anything_i
     assert project.mutations() == []
 
 
+def test_a_run_that_registers_needs_to_claim_and_take_back_its_copies_of_the_model(project_factory, capsys):
+    """register copies the trained checkpoint to models/, create-only: a retried copy claims what it finds already
+    there (objects.patch: ``storage.objects.update``), a failed one deletes what it wrote; preflight asks for both."""
+    project = project_factory()
+    project.projects.deny("storage.objects.update", "storage.objects.delete")
+    code, text = preflight_cli(ONE_SLICE + " gate.register=true", capsys)
+    assert code == 2
+    assert "storage.objects.update" in text and "storage.objects.delete" in text
+    assert project.mutations() == []
+
+
 def test_an_aggregate_tpu_reservation_is_counted_in_chips_of_its_family(tmp_path, project_factory, capsys):
     """Cloud TPU capacity as it is sold: an aggregate reservation of chips of one TPU VM family (compute_v1's
     ``AllocationAggregateReservation``), not VMs of one machine type. A v6e 2x2 slice needs 4 chips."""

@@ -102,7 +102,8 @@ def session(bq) -> object:
 
 
 def test_a_snapshot_opens_one_read_session_and_streams_its_rows_as_json(bq):
-    asked = datetime.now(UTC).replace(microsecond=123456)
+    # a second back: the microseconds set may be ahead of now, which the emulator refuses as a time in the future
+    asked = (datetime.now(UTC) - timedelta(seconds=1)).replace(microsecond=123456)
     at = asked.replace(microsecond=123000)  # time travel counts milliseconds: the snapshot time is whole ones
     got = snap(at=asked, time_column="ingested")
     assert {k: v for k, v in got.items() if k not in ("session", "streams", "arrow_schema")} == {

@@ -66,7 +66,9 @@ ACT_AS = "iam.serviceAccounts.actAs"
 # Calls the plan does not list as records, by what the spec asks for.
 EXTRA_PERMISSIONS = {
     # register also copies the trained checkpoint to models/ (objects.rewrite: get the source, create the copy;
-    # https://cloud.google.com/storage/docs/access-control/iam-json) and, asked to, holds it (objects.patch)
+    # https://cloud.google.com/storage/docs/access-control/iam-json), claims what a retried copy finds already there
+    # (objects.patch: update), takes back what a failed copy wrote (objects.delete) and, asked to, holds it
+    # (objects.patch)
     "gate.register": (
         "aiplatform.models.upload",
         "aiplatform.models.get",
@@ -74,8 +76,9 @@ EXTRA_PERMISSIONS = {
         "storage.objects.get",
         "storage.objects.list",
         "storage.objects.create",
+        "storage.objects.update",
+        "storage.objects.delete",
     ),
-    "gate.hold_registered": ("storage.objects.update",),
     "gke.hf_token_secret": ("secretmanager.versions.access",),
     "features": ("container.clusters.update",),  # a feature of an existing cluster enabled in place
 }
