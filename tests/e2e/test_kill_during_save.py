@@ -15,7 +15,9 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-TRIALS, SEED = 4, 57
+# Seed 57's trials: kills in the saves of steps 3 and 6, part way through rank 1's items, before and after their
+# middle, resumed on 1, 2 and 3 ranks (its fourth trial only repeated its first's point: step 3, part way, 1 rank).
+TRIALS, SEED = 3, 57
 
 
 def test_a_kill_during_a_save_is_never_restored_and_the_resume_repeats_at_most_a_period_and_its_write(tmp_path):
