@@ -197,9 +197,8 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
 PLANTED = b"\x7fELF a program the training job planted" * 4
 # The recurring run: the lost-host run's model, slice, image and compile configuration (its steps, which set the
 # learning-rate schedule the compile job compiles, and its mesh), so the same key and no compile job; no answers (the
-# decode's programs are the engine's own, and the lost-host run answered) and no registration (no champion, the
-# lost-host run's model, measured again: its figures' key holds the one worker it ended on).
-RECURRING = (f"maxtext.steps={LOST_HOST_STEPS}", ELASTIC, "eval.generate_examples=0 gate.register=false")
+# decode's programs are the engine's own, and the lost-host run answered).
+RECURRING = (f"maxtext.steps={LOST_HOST_STEPS}", ELASTIC, "eval.generate_examples=0")
 
 
 def train_result(root, run_id) -> dict:
