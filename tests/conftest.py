@@ -17,10 +17,11 @@ os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
 LONGEST_FIRST = (
     "tests/vertex/test_vertex_pipeline.py",  # 6.6: two Vertex AI jobs, each task its own process
     "tests/vertex/test_submit_schedule.py",  # 6.5
-    "tests/e2e/test_local_maxtext.py",  # about 6.5: the lost-host run (4.0), then the compile cache's recurring run
     "tests/e2e/test_local_pipeline.py",  # 5.5
     "tests/e2e/test_local_gate.py",  # 4.5: `make run`'s run, then a run from its champion
     "tests/gke/test_gke_pipeline.py",  # 4.2
+    "tests/e2e/test_local_maxtext.py",  # 4.0
+    "tests/e2e/test_local_compile_cache.py",  # 4.0: two MaxText runs, the first with its compile job
     "tests/kfp/test_kfp_pipeline.py",  # 3.4 to 4.3 on a loaded 2-core machine: one Kubeflow Pipelines run
     "tests/e2e/test_local_interrupts.py",  # 3.7
     "tests/e2e/test_local_data_loop.py",  # 1.5 to 2: three runs, one skipped
