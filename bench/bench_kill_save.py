@@ -1,6 +1,7 @@
 """Kills during a save, then resumes: the FSDP trainer's ranks SIGKILLed at seeded random points of a sharded save's
 write, TPUPIPE_BENCH_KILLS times (30 by default), each followed by a resume on 1, 2 or 3 ranks
-(``tests/e2e/kill_during_save.py``, in the torch trainer environment, no Ray; about 25 s a trial on 2 busy cores).
+(``tests/e2e/kill_during_save.py``, in the torch trainer environment, no Ray, its ranks forked; about 10 s a trial on
+2 cores).
 
 Figures: the resumes that restored a checkpoint whose DCP index was not in place before the resume (target 0); the
 resumes that restored anything but the newest committed one (target 0); the steps a resume ran again, the most of

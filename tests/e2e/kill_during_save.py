@@ -2,7 +2,7 @@
 fault injection of ``tests/e2e/test_kill_during_save.py`` and ``make bench BENCH=kill_save`` (N trials).
 
 Run in the torch trainer environment: ``python kill_during_save.py ROOT TRIALS SEED``. Each trial trains the tiny
-scratch model on 2 gloo ranks (processes of this machine, no Ray), with the trainer's own saver
+scratch model on 2 gloo ranks (processes of this machine forked from this one, no Ray), with the trainer's own saver
 (``trainers.checkpoints.AsyncSaver``: the copy to host memory, then DCP's background write) every PERIOD steps into
 directories named as the trainer names them, and with each step's loss appended to a log by rank 0. One rank
 SIGKILLs itself at a seeded point of one save's write: before the k-th of the items its plan writes (k drawn from 0
@@ -121,7 +121,9 @@ def run(root: Path, world: int, kill: dict) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     out = mp.Manager().dict()
     try:
-        mp.spawn(worker, args=(world, port(), str(root), kill, out), nprocs=world)
+        # Forked, not spawned: each rank starts with this process's imports (torch's, the trainer's) instead of
+        # importing them again; the trainer's code runs as it is.
+        mp.start_processes(worker, args=(world, port(), str(root), kill, out), nprocs=world, start_method="fork")
     except (mp.ProcessExitedException, mp.ProcessRaisedException):  # the killed rank, or its peer; spawn ends all
         pass
     return {**out, "killed": "final_loss" not in out}

@@ -15,9 +15,10 @@ from tests.helpers import tpupipe_run, unique_run_id
 pytestmark = pytest.mark.e2e
 
 DRAIN_STEP = 20
+# No answers generated before and after training (eval.generate_examples=0): the test reads none.
 SETS = (
     f"cluster.slice_check=false testing.drain_host_at_step={DRAIN_STEP} cluster.preemption_notice_s=20 "
-    "epochs=6 batch_size=16 train.num_to_keep=10 gate.register=false"
+    "epochs=6 batch_size=16 train.num_to_keep=10 gate.register=false eval.generate_examples=0"
 )
 
 
