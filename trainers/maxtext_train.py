@@ -293,11 +293,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             flush=True,
         )
     else:
-        # Only where JAX's distributed runtime is up: its preemption sync manager is what takes the notice (without
+        # A training job's only (a notice changes nothing in the evaluation or compile job, which save nothing), and
+        # only where JAX's distributed runtime is up: its preemption sync manager is what takes the notice (without
         # it MaxText's check answers no preemption, and a SIGTERM would end the worker as a failure)
-        noticed = preemption_notice_to_jax() if watched() and jax.distributed.is_initialized() else []
+        trains = config.get("mode", "train") == "train"
+        noticed = preemption_notice_to_jax() if trains and watched() and jax.distributed.is_initialized() else []
         train.main(argv)
-        if noticed:  # MaxText stopped at its save on the notice
+        if noticed:
             hold_after_preemption(rank, config["argv"], noticed[0])
     if last:
         answer(config, last, rank)
@@ -351,20 +353,26 @@ def preemption_notice_to_jax() -> list[Any]:
 
 
 def hold_after_preemption(rank: int, argv: list[str], info: Any) -> None:
-    """After MaxText's save on a preemption notice: say which checkpoint holds the group's state (rank 0), and train
-    no further. Ray Train keeps a preempted group running until every rank has exited or the drain's deadline has
-    passed, then starts a new one, which restores that checkpoint and trains on from the step after it; returning
-    instead would end the training as a success at this step (``trainers.ray_checkpoints.Checkpointer._hold`` says
-    the same of the FSDP trainer's)."""
+    """After MaxText's save on a preemption notice: say which checkpoint holds the group's state (rank 0), with how
+    long before the drain's deadline it was committed, and train no further. Ray Train keeps a preempted group running
+    until every rank has exited or the drain's deadline has passed, then starts a new one, which restores that
+    checkpoint and trains on from the step after it; returning instead would end the training as a success at this
+    step (``trainers.ray_checkpoints.Checkpointer._hold`` says the same of the FSDP trainer's). A group whose newest
+    checkpoint is the last step's (JAX's agreed step fell past the end) trained to the end: it returns."""
+    output_dir, run_name = (_arg(argv, k) for k in ("base_output_directory", "run_name"))
+    saved = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
+    step = int(saved.name) if saved else None
+    if trained(argv, step):
+        return
     if rank == 0:
-        output_dir, run_name = (_arg(argv, k) for k in ("base_output_directory", "run_name"))
-        saved = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
+        now = time.time()
         event = {
             "event": "preemption_checkpoint",
-            "step": int(saved.name) if saved else None,
+            "step": step,
             "preempted_ranks": list(info.preempted_ranks),
             "deadline_ms": info.deadline_ms,
-            "time": time.time(),
+            "before_deadline_s": round(info.deadline_ms / 1000 - now, 3) if info.deadline_ms else None,
+            "time": now,
         }
         protocol.emit("event", event)
     while True:  # until Ray Train stops this worker group
