@@ -293,7 +293,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             flush=True,
         )
     else:
+        # A training job's only (a notice changes nothing in the evaluation or compile job, which save nothing), and
+        # only where JAX's distributed runtime is up: its preemption sync manager is what takes the notice (without
+        # it MaxText's check answers no preemption, and a SIGTERM would end the worker as a failure)
+        trains = config.get("mode", "train") == "train"
+        noticed = preemption_notice_to_jax() if trains and watched() and jax.distributed.is_initialized() else []
         train.main(argv)
+        if noticed:
+            hold_after_preemption(rank, config["argv"], noticed[0])
     if last:
         answer(config, last, rank)
     metrics = final_metrics(handler) if handler else {}
@@ -302,6 +309,74 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if rank == 0:
             Path(tmp, "metrics.json").write_text(json.dumps(metrics))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
+
+
+# How often a worker reads whether Ray Train has marked it preempted: a read of its own actor's state, no collective.
+PREEMPTION_READ_S = 0.5
+
+
+def watched() -> bool:
+    """Whether Ray Train runs its preemption watcher for this worker group (``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER``,
+    on by default: ray/train/v2/_internal/constants.py in Ray 2.60; the local platform turns it on only where the spec
+    schedules a drain, ``components.platforms.local.cluster.preemption_environment``)."""
+    return os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() not in ("0", "false")
+
+
+def preemption_notice_to_jax() -> list[Any]:
+    """Hand Ray Train's preemption notice to JAX's, so MaxText saves on it (its ``enable_autocheckpoint``,
+    ``train_args``). Ray Train's watcher marks every worker of a group whose node drains (``mark_preempt`` on each
+    worker actor, which sets the worker's ``PreemptionContext``: ray/train/v2/_internal/execution/preemption.py, Ray
+    2.60); ``ray.train.get_preemption_info`` reads it as a collective over the group, which MaxText's loop never
+    calls, so a thread reads the worker's own mark instead. On it, the thread sends its process a SIGTERM: the
+    notice JAX's preemption sync manager listens for (created by ``jax.distributed.initialize``; "By default, we use
+    SIGTERM as the signal for preemption notice": ``reached_preemption_sync_point`` in
+    jax/experimental/multihost_utils.py). JAX agrees a step past every process's current one through its
+    coordination service; MaxText saves at that step, waits for the save, and stops training
+    (maxtext/common/checkpointing.py in maxtext 0.2.5: ``reached_preemption``, ``_handle_post_checkpoint_preemption``
+    raising ``StopTraining``, which ``train.main`` takes as a graceful end). The list returned holds Ray's
+    ``PreemptionInfo`` once the notice is handed on."""
+    import signal
+
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    context = get_train_context()
+    noticed: list[Any] = []
+
+    def read() -> None:
+        while context.preemption_context.preemption_info is None:
+            time.sleep(PREEMPTION_READ_S)
+        noticed.append(context.preemption_context.preemption_info)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=read, name="preemption-notice", daemon=True).start()
+    return noticed
+
+
+def hold_after_preemption(rank: int, argv: list[str], info: Any) -> None:
+    """After MaxText's save on a preemption notice: say which checkpoint holds the group's state (rank 0), with how
+    long before the drain's deadline it was committed, and train no further. Ray Train keeps a preempted group running
+    until every rank has exited or the drain's deadline has passed, then starts a new one, which restores that
+    checkpoint and trains on from the step after it; returning instead would end the training as a success at this
+    step (``trainers.ray_checkpoints.Checkpointer._hold`` says the same of the FSDP trainer's). A group whose newest
+    checkpoint is the last step's (JAX's agreed step fell past the end) trained to the end: it returns."""
+    output_dir, run_name = (_arg(argv, k) for k in ("base_output_directory", "run_name"))
+    saved = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
+    step = int(saved.name) if saved else None
+    if trained(argv, step):
+        return
+    if rank == 0:
+        now = time.time()
+        event = {
+            "event": "preemption_checkpoint",
+            "step": step,
+            "preempted_ranks": list(info.preempted_ranks),
+            "deadline_ms": info.deadline_ms,
+            "before_deadline_s": round(info.deadline_ms / 1000 - now, 3) if info.deadline_ms else None,
+            "time": now,
+        }
+        protocol.emit("event", event)
+    while True:  # until Ray Train stops this worker group
+        time.sleep(1.0)
 
 
 def split_answers(

@@ -254,6 +254,12 @@ def validate(spec: RunSpec) -> None:
 # lost during a save still finds a complete checkpoint to restore.
 CHECKPOINTS_KEPT = 2
 
+# A save on a preemption notice, at the step JAX's preemption sync manager agrees across the processes, after which
+# MaxText stops training (base.yml in maxtext 0.2.5: "enables autocheckpoint, which saves a checkpoint at the
+# preemption step", off by default). The notice is Ray Train's, handed to JAX by the trainer
+# (``trainers.maxtext_train.preemption_notice_to_jax``). Not in the compile job's arguments: it compiles nothing.
+AUTOCHECKPOINT = "enable_autocheckpoint=true"
+
 # A parameter's bytes in ``weight_dtype`` (base.yml: ``weight_dtype: "float32"``), as training and MaxText's engine
 # hold it. What one MaxText checkpoint holds per parameter: the parameters and AdamW's two moments, each in
 # ``weight_dtype`` (base.yml: ``opt_type: "adamw"``, ``mu_dtype: ""``, which "inherits from weight_dtype"): 3 x 4 bytes.
@@ -535,6 +541,7 @@ def train_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: str
     if m.learning_rate:
         args.append(f"learning_rate={_fmt(m.learning_rate)}")
     args += [f"checkpoint_period={checkpoint_period(spec)}", f"max_num_checkpoints_to_keep={CHECKPOINTS_KEPT}"]
+    args.append(AUTOCHECKPOINT)
     if compile_cache:
         args.append(f"jax_cache_dir={compile_cache}")
     args += [f"base_output_directory={output_dir}", f"run_name={run_name}", *QUIET_ARGS]
@@ -559,7 +566,9 @@ def compile_args(spec: RunSpec, output_dir: str, run_name: str, compile_cache: s
     kept = [
         a
         for a in train_args(spec, output_dir, run_name, compile_cache)
-        if a not in data and not a.startswith(("steps=", "checkpoint_period=", "max_num_checkpoints_to_keep="))
+        if a not in data
+        and a != AUTOCHECKPOINT
+        and not a.startswith(("steps=", "checkpoint_period=", "max_num_checkpoints_to_keep="))
     ]
     schedule = [f"steps={COMPILE_STEPS}", f"learning_rate_schedule_steps={spec.maxtext.steps}"]
     return ["dataset_type=synthetic", *kept, *schedule, "enable_checkpointing=false"]

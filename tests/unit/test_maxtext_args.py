@@ -28,6 +28,7 @@ def test_llama3_8b_is_the_seed_command():
         "ici_tensor_parallelism=4",
         "checkpoint_period=20",  # beyond the seed: maxtext.max_lost_steps (MaxText's 10000 saves only step 0)
         "max_num_checkpoints_to_keep=2",  # beyond the seed: MaxText keeps every checkpoint otherwise
+        "enable_autocheckpoint=true",  # beyond the seed: a save on a preemption notice
         "base_output_directory=/data/",
         "run_name=RUN",
         "log_config=false",  # beyond the seed: no log line per config parameter per host
@@ -50,6 +51,7 @@ def test_llama3_70b_is_the_seed_command():
         "remat_policy=full",
         "checkpoint_period=20",
         "max_num_checkpoints_to_keep=2",
+        "enable_autocheckpoint=true",
         "base_output_directory=/data/",
         "run_name=RUN",
         "log_config=false",
