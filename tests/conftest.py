@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "tests/gke/test_gke_pipeline.py",  # 4.2
     "tests/e2e/test_local_maxtext.py",  # 4.0
     "tests/e2e/test_local_compile_cache.py",  # 4.0: two MaxText runs, the first with its compile job
+    "tests/e2e/test_local_drain.py",  # 4 to 6 on a loaded machine: an FSDP drain, then a MaxText one
     "tests/kfp/test_kfp_pipeline.py",  # 3.4 to 4.3 on a loaded 2-core machine: one Kubeflow Pipelines run
     "tests/e2e/test_local_interrupts.py",  # 3.7
     "tests/e2e/test_local_data_loop.py",  # 1.5 to 2: three runs, one skipped
