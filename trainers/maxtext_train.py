@@ -263,8 +263,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     restored = None
     if rank == 0:  # MaxText restores the newest committed checkpoint by itself: which one; saves cut short pruned
-        output_dir, run_name = (_arg(config["argv"], k) for k in ("base_output_directory", "run_name"))
-        restored = latest_checkpoint(Path(output_dir), run_name, prune=True) if output_dir and run_name else None
+        restored = newest_checkpoint(config["argv"], prune=True)
     # Every rank learns which step the group restores (a barrier too: importing MaxText takes the ranks of busy CPU
     # hosts tens of seconds, and they finish it far apart, while gloo gives a late peer 30 s at MaxText's first
     # collective, then the group fails and restarts: they start together).
@@ -359,8 +358,7 @@ def hold_after_preemption(rank: int, argv: list[str], info: Any) -> None:
     checkpoint and trains on from the step after it; returning instead would end the training as a success at this
     step (``trainers.ray_checkpoints.Checkpointer._hold`` says the same of the FSDP trainer's). A group whose newest
     checkpoint is the last step's (JAX's agreed step fell past the end) trained to the end: it returns."""
-    output_dir, run_name = (_arg(argv, k) for k in ("base_output_directory", "run_name"))
-    saved = latest_checkpoint(Path(output_dir), run_name) if output_dir and run_name else None
+    saved = newest_checkpoint(argv)
     step = int(saved.name) if saved else None
     if trained(argv, step):
         return
@@ -462,6 +460,13 @@ def latest_checkpoint(output_dir: Path, run_name: str, prune: bool = False) -> P
     restores (``trainers.committed.newest_orbax``); with ``prune`` (rank 0 at a worker group's start, before MaxText
     starts), each save cut short is reported and removed."""
     return committed.newest_orbax(output_dir / run_name / "checkpoints", prune)
+
+
+def newest_checkpoint(argv: list[str], prune: bool = False) -> Path | None:
+    """:func:`latest_checkpoint` of the run MaxText's arguments name (``base_output_directory``, ``run_name``); None
+    when they name none."""
+    output_dir, run_name = (_arg(argv, k) for k in ("base_output_directory", "run_name"))
+    return latest_checkpoint(Path(output_dir), run_name, prune) if output_dir and run_name else None
 
 
 def run_train(
