@@ -248,7 +248,9 @@ def test_a_recurring_run_loads_the_compile_jobs_programs_and_never_what_a_traini
     assert staged["key"] == made["staged"]["key"]  # the same model, slice and image
     assert two["compile_cache"]["compile_job"] is None  # the configuration is recorded: no compile job
     assert staged["staged"] == made["recorded"]["recorded"] and staged["refused"] == [] and staged["unlisted"] == 0
-    assert two["timeline"]["compile_cache"]["hits"] >= hits  # the recurring pair still loads the cache
+    # The recurring run loads the cache too (fewer hits than the first, which also answered prompts before and after
+    # training: the engine's programs, compiled by its first worker group, loaded by its last)
+    assert two["timeline"]["compile_cache"]["hits"] > 0
     shared = root / cache.CACHE_PREFIX / staged["key"]
     for where in (shared, root / drained / "cache" / staged["key"]):
         assert not (where / "jit_planted-cache").exists()
