@@ -1,5 +1,6 @@
-"""Preemptions with notice during local FSDP2 training, TPUPIPE_BENCH_DRAINS times (20 by default), in one
-`tpupipe run` of local-fsdp on 2 emulated hosts (``tests/e2e/test_local_drain.py`` checks one).
+"""Preemptions with notice during local training, in one `tpupipe run` per trainer on 2 emulated hosts: FSDP2
+(local-fsdp) TPUPIPE_BENCH_DRAINS times (20 by default), MaxText (local-maxtext) TPUPIPE_BENCH_MAXTEXT_DRAINS times
+(10 by default) (``tests/e2e/test_local_drain.py`` and ``tests/e2e/test_local_maxtext.py`` check one each).
 
 Each drain is a Spot-like notice to the last emulated host (``components.platforms.local.keeper.preempt``: Ray's
 DrainNode with reason PREEMPTION and a deadline ``cluster.preemption_notice_s`` away), and the host killed just after
@@ -7,10 +8,12 @@ the deadline (``keeper.lose_host``); the keeper replaces it. The first is the sp
 ``testing.drain_host_at_step`` (the keeper's own, which also turns Ray Train's preemption watcher on); the bench gives
 each next one once the restarted worker group has trained ``GAP`` steps. From the trainer's records in the run's
 ``logs/train.log``, per drain: whether a just-in-time checkpoint was committed (the ``preemption_checkpoint`` event,
-emitted once Ray Train's report of the save returned, and the next worker group restoring that step), and the steps
-repeated (the newest step the preempted group trained, less the step the next group restored).
+emitted once the save is committed, and the next worker group restoring that step), and the steps repeated (the
+newest step the preempted group logged, less the step the next group restored; MaxText logs a step's figures only
+after the next step's, so its saved step's own line may stay unwritten: a group that stopped at its save shows
+``-1``, counted as 0).
 Targets: every drain commits its just-in-time checkpoint; 0 steps repeated in each.
-``python -m bench.bench_drain [DRAINS]`` runs it alone.
+``python -m bench.bench_drain [DRAINS [MAXTEXT_DRAINS]]`` runs it alone (0 skips that trainer).
 """
 
 import json
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.figures import Figure, table
@@ -29,34 +33,58 @@ from components.platforms import procs
 from components.platforms.local import auth, keeper
 from components.spec import protocol
 
-ISSUE_DRAINS = 20  # the drains the figure must count to hold: fewer run (TPUPIPE_BENCH_DRAINS) never holds
-DRAINS = int(os.environ.get("TPUPIPE_BENCH_DRAINS", str(ISSUE_DRAINS)))
 NOTICE_S = 10  # cluster.preemption_notice_s
 FIRST = 20  # the first drain's step (testing.drain_host_at_step)
 GAP = 8  # steps a restarted group trains before the next notice
-STEPS_PER_DRAIN = 40  # the run's length per drain: GAP, up to 10 to the poll that sees the notice, and a margin
 STEPS_PER_EPOCH = 16  # local-fsdp's: 512 examples over 2 workers, 16 a batch
-RUN_TIMEOUT_S = 600 + 240 * DRAINS
 
 
-def sets(drains: int) -> str:
-    epochs = math.ceil((FIRST + STEPS_PER_DRAIN * (drains + 1)) / STEPS_PER_EPOCH)
-    return (
-        f"cluster.slice_check=false testing.drain_host_at_step={FIRST} cluster.preemption_notice_s={NOTICE_S} "
-        f"epochs={epochs} gate.register=false"
-    )
+@dataclass(frozen=True)
+class Trainer:
+    """A trainer's drain run: its preset, how many drains the issue asks of it, and the run's length per drain."""
+
+    name: str
+    preset: str
+    issue_drains: int  # the drains the figure must count to hold: fewer run never holds
+    count_env: str  # the environment variable that sets how many run
+    steps_per_drain: int  # GAP, the steps to the save the notice brings, and a margin
+    drain_s: int  # the most a drain may take, for the run's timeout
+
+    def drains(self) -> int:
+        return int(os.environ.get(self.count_env, str(self.issue_drains)))
+
+    def sets(self, drains: int) -> str:
+        steps = FIRST + self.steps_per_drain * (drains + 1)
+        length = f"epochs={math.ceil(steps / STEPS_PER_EPOCH)}" if self.preset == "local-fsdp" else ""
+        if self.preset == "local-maxtext":  # no answers before and after: the run's work is its drains
+            length = f"maxtext.steps={steps} eval.generate_examples=0"
+        return (
+            f"cluster.slice_check=false testing.drain_host_at_step={FIRST} cluster.preemption_notice_s={NOTICE_S} "
+            f"{length} gate.register=false"
+        )
+
+
+# FSDP2 polls for a notice every 10 steps (trainers.ray_checkpoints.PREEMPTION_POLL_STEPS); MaxText's JAX agrees a
+# step a few past every process's current one (trainers.maxtext_train.preemption_notice_to_jax).
+FSDP = Trainer("FSDP2", "local-fsdp", 20, "TPUPIPE_BENCH_DRAINS", 40, 240)
+MAXTEXT = Trainer("MaxText", "local-maxtext", 10, "TPUPIPE_BENCH_MAXTEXT_DRAINS", 30, 300)
 
 
 def events(log_text: str) -> list[dict]:
-    """The trainer's events in a log, each once (Ray may forward a line twice; each event carries its time)."""
+    """The trainer's events and per-step metrics in a log, each once (Ray may forward a line twice; each record
+    carries its time); a metric as ``{"event": "step", ...}``, as the FSDP trainer's step events are."""
     out, seen = [], set()
     for line in log_text.splitlines():
         m = protocol.RECORD.match(line)
         if m is None:
             continue
         for kind, payload in protocol.parse([line], m["nonce"]):
+            if kind == "metric" and "step" in payload and "epoch" not in payload:
+                payload = {**payload, "event": "step"}
+            elif kind != "event":
+                continue
             key = json.dumps(payload, sort_keys=True)
-            if kind == "event" and key not in seen and "time" in payload:
+            if key not in seen and "time" in payload:
                 seen.add(key)
                 out.append(payload)
     return sorted(out, key=lambda e: e["time"])
@@ -100,12 +128,12 @@ def drive(proc, run_dir: Path, drains: int, deadline: float) -> list[float]:
     while len(noticed) < drains:
         time.sleep(NOTICE_S + 1)  # the previous host's deadline; then a new group must be training
         train_log = run_dir / "logs" / "train.log"
-        restored = [e for e in events(train_log.read_text()) if e.get("event") == "restored"]
+        restored = restores(events(train_log.read_text()))
         while len(restored) < len(noticed):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"no restore after notice {len(noticed)}")
             time.sleep(0.5)
-            restored = [e for e in events(train_log.read_text()) if e.get("event") == "restored"]
+            restored = restores(events(train_log.read_text()))
         _wait_for_step(proc, temp_dir, offsets, restored[-1]["step"] + GAP, deadline)
         ledger = json.loads((run_dir / "ledger.json").read_text())
         host = last_host(run_dir)
@@ -116,6 +144,18 @@ def drive(proc, run_dir: Path, drains: int, deadline: float) -> list[float]:
     return noticed
 
 
+def restores(found: list[dict]) -> list[dict]:
+    """Each restore of a worker group, ``{"step": S, "time": T}``: the FSDP trainer's ``restored`` events, MaxText's
+    ``worker_group_started`` with a ``restore_step``."""
+    out = [e for e in found if e["event"] == "restored"]
+    out += [
+        {"step": e["restore_step"], "time": e["time"]}
+        for e in found
+        if e["event"] == "worker_group_started" and e.get("restore_step") is not None
+    ]
+    return sorted(out, key=lambda e: e["time"])
+
+
 def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
     """Each drain's just-in-time save, the restore after it and the steps repeated."""
     out = []
@@ -124,7 +164,7 @@ def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
         window = [e for e in found if at <= e["time"] < until]
         saves = [e for e in window if e["event"] == "preemption_checkpoint"]
         start = next((e for e in window if e["event"] == "worker_group_started"), None)
-        restore = next((e for e in window if e["event"] == "restored"), None)
+        restore = next((e for e in restores(window)), None)
         before = [e["step"] for e in found if e["event"] == "step" and e["time"] < (start or {}).get("time", until)]
         saved = saves[0]["step"] if saves else None
         restored = restore["step"] if restore else None
@@ -135,7 +175,7 @@ def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
                 "restored_step": restored,
                 "committed": saved is not None and restored == saved,
                 "last_step_before_restart": max(before) if before else None,
-                "steps_repeated": (max(before) - restored) if before and restored is not None else None,
+                "steps_repeated": max(0, max(before) - restored) if before and restored is not None else None,
                 "notice_to_saved_s": (saves[0]["time"] - at) if saves else None,
                 "notice_to_restart_s": (start["time"] - at) if start else None,
             }
@@ -143,13 +183,13 @@ def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
     return out
 
 
-def measure(drains: int) -> dict:
+def measure(trainer: Trainer, drains: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="tpupipe-bench-drain-"))
     run_id = f"drain-{os.getpid()}-{time.time_ns() % 10**6}"
     run_dir = root / run_id
-    cmd = [str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", "local-fsdp", "--run-id", run_id]
-    cmd += ["--output-root", str(root), "--set", sets(drains)]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    cmd = [str(Path(sys.executable).parent / "tpupipe"), "run", "--preset", trainer.preset, "--run-id", run_id]
+    cmd += ["--output-root", str(root), "--set", trainer.sets(drains)]
+    deadline = time.monotonic() + 600 + trainer.drain_s * drains
     with open(root / f"{run_id}.out", "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
@@ -162,14 +202,14 @@ def measure(drains: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"tpupipe run exited {proc.returncode}; its run directory is {run_dir}")
     trials = per_drain(events((run_dir / "logs" / "train.log").read_text()), noticed)
-    detail = {"drains": trials, "sets": sets(drains), "run_dir": str(run_dir)}
+    detail = {"drains": trials, "sets": trainer.sets(drains), "run_dir": str(run_dir)}
     if all(t["committed"] and t["steps_repeated"] == 0 for t in trials):
         shutil.rmtree(root, ignore_errors=True)
     return detail
 
 
-def figures(drains: int = DRAINS) -> list[Figure]:
-    found = measure(drains)
+def trainer_figures(trainer: Trainer, drains: int) -> list[Figure]:
+    found = measure(trainer, drains)
     trials = found["drains"]
     repeated = [t["steps_repeated"] for t in trials]
     committed = sum(1 for t in trials if t["committed"])
@@ -184,14 +224,26 @@ def figures(drains: int = DRAINS) -> list[Figure]:
         ],
         "run": found,
     }
-    name = f"drain with notice (FSDP2, {len(trials)} drains, {NOTICE_S} s notice)"
+    name = f"drain with notice ({trainer.name}, {len(trials)} drains, {NOTICE_S} s notice)"
     worst = max((r for r in repeated if r is not None), default=-1)
     missing = sum(1 for r in repeated if r is None)
+    target = f">= {trainer.issue_drains}"
     return [
-        Figure(f"{name}: drains that committed a just-in-time checkpoint", committed, "", f">= {ISSUE_DRAINS}", detail),
+        Figure(f"{name}: drains that committed a just-in-time checkpoint", committed, "", target, detail),
         Figure(f"{name}: steps repeated, most of a drain", worst if not missing else math.inf, "steps", "<= 0"),
     ]
 
 
+def figures(fsdp: int | None = None, maxtext: int | None = None) -> list[Figure]:
+    """Both trainers' figures, one run each (a count of 0 skips a trainer)."""
+    out = []
+    for trainer, drains in ((FSDP, fsdp), (MAXTEXT, maxtext)):
+        drains = trainer.drains() if drains is None else drains
+        if drains > 0:
+            out += trainer_figures(trainer, drains)
+    return out
+
+
 if __name__ == "__main__":
-    print(table(figures(int(sys.argv[1]) if len(sys.argv) > 1 else DRAINS)))
+    counts = [int(a) for a in sys.argv[1:3]]
+    print(table(figures(*counts)))

@@ -15,14 +15,13 @@ os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
 # `make test-e2e`'s --durations): with two processes (--dist loadfile --no-loadscope-reorder, the Makefile's XDIST), a
 # long file handed out last would run alone at the end.
 LONGEST_FIRST = (
+    "tests/e2e/test_local_maxtext.py",  # 13 to 15: two MaxText runs, a lost host then a drain
     "tests/vertex/test_vertex_pipeline.py",  # 6.6: two Vertex AI jobs, each task its own process
     "tests/vertex/test_submit_schedule.py",  # 6.5
     "tests/e2e/test_local_pipeline.py",  # 5.5
     "tests/e2e/test_local_gate.py",  # 4.5: `make run`'s run, then a run from its champion
     "tests/gke/test_gke_pipeline.py",  # 4.2
-    "tests/e2e/test_local_maxtext.py",  # 4.0
-    "tests/e2e/test_local_compile_cache.py",  # 4.0: two MaxText runs, the first with its compile job
-    "tests/e2e/test_local_drain.py",  # 4 to 6 on a loaded machine: an FSDP drain, then a MaxText one
+    "tests/e2e/test_local_drain.py",  # 2.5: an FSDP drain
     "tests/kfp/test_kfp_pipeline.py",  # 3.4 to 4.3 on a loaded 2-core machine: one Kubeflow Pipelines run
     "tests/e2e/test_local_interrupts.py",  # 3.7
     "tests/e2e/test_local_data_loop.py",  # 1.5 to 2: three runs, one skipped

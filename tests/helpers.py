@@ -31,10 +31,14 @@ def unique_run_id(name: str) -> str:
     return names.run_id_from(f"{name}-{SESSION}", "")
 
 
-def tpupipe_run(root: Path, run_id: str, *sets: str, tty: bool = False) -> subprocess.CompletedProcess:
-    """`tpupipe run` of the default preset under ``root``, each of ``sets`` one ``--set``; with ``tty``, its standard
-    output and error a terminal (a pseudo-terminal: ``stdout`` is what the terminal got, both streams, as written)."""
+def tpupipe_run(
+    root: Path, run_id: str, *sets: str, tty: bool = False, preset: str | None = None
+) -> subprocess.CompletedProcess:
+    """`tpupipe run` of ``preset`` (the default one if None) under ``root``, each of ``sets`` one ``--set``; with
+    ``tty``, its standard output and error a terminal (a pseudo-terminal: ``stdout`` is what the terminal got, both
+    streams, as written)."""
     cmd = [*tpupipe_cmd(), "run", "--run-id", run_id, "--output-root", str(root)]
+    cmd += ["--preset", preset] if preset else []
     for s in sets:
         cmd += ["--set", s]
     if not tty:
@@ -129,6 +133,24 @@ def trainer_steps(log: str) -> list[int]:
             seen.add((payload["step"], payload.get("time")))
             steps.append(payload["step"])
     return steps
+
+
+def job_records(text: str) -> list[tuple[str, dict]]:
+    """The trainer's records in a job's log (``logs/<job>.log``), each once (Ray may forward a worker's line twice;
+    each record carries its time)."""
+    from components.spec import protocol
+
+    out, seen = [], set()
+    for line in text.splitlines():
+        m = protocol.RECORD.match(line)
+        if m is None:
+            continue
+        for kind, payload in protocol.parse([line], m["nonce"]):
+            key = json.dumps([kind, payload], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append((kind, payload))
+    return out
 
 
 def assert_no_secret(secrets: list[str], **where: str) -> None:

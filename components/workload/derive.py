@@ -50,8 +50,15 @@ DEVICE_CENTRIC_WORKLOADS = ("fsdp",)
 # with hierarchical namespace (``components.cloud.storage.without_hierarchical_namespace``). The FSDP trainer's commits
 # rename one file (DCP's index, the final checkpoint's meta): one object copied, there whole or not at all.
 COMMITS_BY_DIRECTORY_RENAME = ("maxtext",)
-# The runtime environment of every Ray job the stages submit: every worker's line in the log, unbuffered.
-JOB_RUNTIME_ENV = {"env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}}
+# The runtime environment of every Ray job the stages submit: every worker's line in the log, unbuffered; and Ray
+# Train's preemption watcher polling the GCS's draining nodes every second, not every 5 s (its
+# RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S, read where the job's controller runs: ``PreemptionCallback``,
+# ray/train/v2/_internal/callbacks/preemption_callback.py, Ray 2.60): a Spot VM's pods get 15 s from SIGTERM to
+# SIGKILL by default (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful
+# shutdown of Spot VMs"), and a 5 s poll would take up to a third of it before the trainers hear of it.
+JOB_RUNTIME_ENV = {
+    "env_vars": {"RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+}
 
 
 # Seconds Ray's own stop of a preempted node comes after the kill its notice ends in (gke). Ray 2.60's `ray start`, on

@@ -1,6 +1,16 @@
-"""MaxText through JaxTrainer on the local platform: 2 emulated hosts x 2 CPU devices as one JAX runtime, and
-an emulated host lost mid-run (a preempted Spot VM whose replacement does not come in time) that the elastic run
-survives on fewer workers, in one run."""
+"""MaxText through JaxTrainer on the local platform, elastic as the tutorial's Spot preset (2 emulated hosts, each a
+slice of its own, 1 to 2 workers of 2 CPU devices each, one JAX runtime), in the two faults a Spot slice meets: two
+runs of the same model, slice and image under one output root, so the second is the first's recurring run.
+
+1. **A lost host** (a preempted Spot VM whose replacement does not come in time): a host killed at the first
+   periodic checkpoint, which the elastic run survives on fewer workers; its compile job fills the compile cache.
+2. **A preemption with notice** during training (``testing.drain_host_at_step``: the keeper sends the last host a
+   SIGTERM once the workers logged the step, Ray's ``ray start`` drains its node, a deadline
+   ``cluster.preemption_notice_s`` away): MaxText saves at the step JAX agrees and the restarted group restores it.
+   The recurring run of the same configuration runs no compile job and loads the first's programs through the
+   compile cache's trusted path, and what the first run's training job wrote in its own cache directory (a program
+   planted over one it loaded, and one under a new name) reaches neither the cache kept across runs nor this run
+   (``components.stages.compile_cache``)."""
 
 import json
 import os
@@ -11,7 +21,15 @@ import pytest
 
 from components.platforms.local.processes import run_processes
 from components.spec import protocol
-from tests.helpers import assert_goodput_accounts, tpupipe_cmd, unique_run_id, wait_until
+from components.workload import cache, maxtext
+from tests.helpers import (
+    assert_goodput_accounts,
+    job_records,
+    tpupipe_cmd,
+    tpupipe_run,
+    unique_run_id,
+    wait_until,
+)
 from trainers import maxtext_data
 
 pytestmark = pytest.mark.e2e
@@ -25,6 +43,14 @@ ELASTIC = (
     "cluster.num_slices=2 cluster.num_hosts=1 testing.host_replace_delay_s=900 train.min_workers=1 "
     "train.max_workers=2 maxtext.ici_fsdp_parallelism=-1"
 )
+# The drained run: the notice at step 12, two periodic checkpoints' worth of steps before the end; no slice check and
+# no answers (the first run's show them), nothing registered.
+DRAIN_STEP = 12
+DRAIN = (
+    f"cluster.slice_check=false testing.drain_host_at_step={DRAIN_STEP} cluster.preemption_notice_s=20 "
+    f"maxtext.steps={LOST_HOST_STEPS} eval.generate_examples=0 gate.register=false"
+)
+PLANTED = b"\x7fELF a program the training job planted" * 4
 
 
 def start(root, run_id, *sets):
@@ -54,13 +80,14 @@ def checkpoint_steps(run_dir, run_id):
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "_CHECKPOINT_METADATA").exists())
 
 
-def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate_compares(tmp_path):
-    """One run shows it all: the JAX slice check over both hosts, the mesh the spec asked for, an emulated host killed
-    at the first periodic checkpoint and replaced, training resumed from that checkpoint, the loss down on the generated
-    dataset, evaluate comparing before and after on its held-out split, nothing left."""
-    run_id = unique_run_id("mt-lost-host")
-    run_dir = tmp_path / run_id
-    proc = start(tmp_path, run_id, f"maxtext.steps={LOST_HOST_STEPS}", ELASTIC)
+def train_result(run_dir) -> dict:
+    return json.loads((run_dir / "stages" / "train.json").read_text())["result"]
+
+
+def lose_a_host(root, run_id) -> str:
+    """The first run: host-2 killed with every process on it at the first periodic checkpoint; its output."""
+    run_dir = root / run_id
+    proc = start(root, run_id, f"maxtext.steps={LOST_HOST_STEPS}", ELASTIC)
 
     def first_checkpoint() -> bool:  # the first periodic checkpoint
         assert proc.poll() is None, proc.stdout.read()[-5000:]
@@ -76,6 +103,32 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-5000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The two runs in order under one root; between them, the first training job's own cache directory planted."""
+    root = tmp_path_factory.mktemp("maxtext")
+    lost, drained = unique_run_id("mt-lost-host"), unique_run_id("mt-drain")
+    out = lose_a_host(root, lost)
+    first = train_result(root / lost)
+    own = root / lost / "cache" / first["compile_cache"]["staged"]["key"]  # its jax_cache_dir: its pods may write
+    planted = sorted(p for p in own.rglob("*") if p.is_file())
+    for entry in planted:
+        entry.write_bytes(PLANTED)
+    (own / "jit_planted-cache").write_bytes(PLANTED)
+    proc = tpupipe_run(root, drained, ELASTIC, DRAIN, preset="local-maxtext")
+    return {"root": root, "lost": (lost, out, first, planted), "drained": (drained, proc)}
+
+
+def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate_compares(runs):
+    """One run shows it all: the JAX slice check over both hosts, the mesh the spec asked for, an emulated host killed
+    at the first periodic checkpoint and replaced, training resumed from that checkpoint, the loss down on the generated
+    dataset, evaluate comparing before and after on its held-out split, nothing left."""
+    tmp_path = runs["root"]
+    run_id, out, _, _ = runs["lost"]
+    run_dir = tmp_path / run_id
     assert "host-2 (pid" in (run_dir / "logs" / "keeper.out").read_text()
     log = (run_dir / "logs" / "train.log").read_text()
     assert "jax runtime: 2 processes, 4 devices (2 per process, cpu)" in log
@@ -176,4 +229,75 @@ def test_local_maxtext_survives_a_lost_host_with_the_mesh_asked_for_and_evaluate
     before, after = task["metrics_before"]["exact_match"], task["metrics_after"]["exact_match"]
     assert f"  exact_match          untrained {before:.3f}   trained {after:.3f}" in out, out
     print(f"MaxText answers: {len(rows)}; exact match before {before:.3f}, after {after:.3f}")
+    assert run_processes(run_id) == []
+
+
+def test_a_recurring_run_loads_the_compile_jobs_programs_and_never_what_a_training_job_planted(runs):
+    root = runs["root"]
+    _, _, one, planted = runs["lost"]
+    drained, proc = runs["drained"]
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    made = one["compile_cache"]
+    assert made["compile_job"]["compiles"] > 0 and made["recorded"]["recorded"] > 0
+    hits = one["timeline"]["compile_cache"]["hits"]
+    assert hits > 0  # the first run's training job already loads what its compile job compiled
+    assert planted  # what it wrote in its own directory, each overwritten, and one more beside them
+
+    two = train_result(root / drained)
+    staged = two["compile_cache"]["staged"]
+    assert staged["key"] == made["staged"]["key"]  # the same model, slice and image
+    assert two["compile_cache"]["compile_job"] is None  # the configuration is recorded: no compile job
+    assert staged["staged"] == made["recorded"]["recorded"] and staged["refused"] == [] and staged["unlisted"] == 0
+    # The recurring run loads the cache too (fewer hits than the first, which also answered prompts before and after
+    # training: the engine's programs, compiled by its first worker group, loaded by its last)
+    assert two["timeline"]["compile_cache"]["hits"] > 0
+    shared = root / cache.CACHE_PREFIX / staged["key"]
+    for where in (shared, root / drained / "cache" / staged["key"]):
+        assert not (where / "jit_planted-cache").exists()
+        assert all(p.read_bytes() != PLANTED for p in where.rglob("*") if p.is_file())
+    assert "WARNING: compile cache" not in (root / drained / "logs" / "pipeline.log").read_text()
+
+
+def test_a_drain_with_notice_during_maxtext_saves_at_the_step_jax_agrees_and_the_resumed_run_repeats_no_step(runs):
+    """Ray Train marks the workers preempted, the trainer hands the notice to JAX (a SIGTERM to each worker process,
+    which JAX's preemption sync manager takes), MaxText saves at the step JAX agrees across the processes (its
+    ``enable_autocheckpoint``) and stops; the group Ray Train starts on the host left restores that checkpoint and
+    trains on from the step after it."""
+    run_id, proc = runs["drained"]
+    run_dir = runs["root"] / run_id
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
+    keeper = (run_dir / "logs" / "keeper.out").read_text()
+    assert f"preempted at step {DRAIN_STEP} (testing.drain_host_at_step)" in keeper, keeper
+
+    log = (run_dir / "logs" / "train.log").read_text()
+    found = job_records(log)
+    events = [p for kind, p in found if kind == "event"]
+    saves = [e for e in events if e["event"] == "preemption_checkpoint"]
+    assert len(saves) == 1, saves
+    saved = saves[0]["step"]
+    assert saved >= DRAIN_STEP and saves[0]["before_deadline_s"] > 0  # committed within the notice
+    # MaxText's own save on the notice, not a periodic one: JAX took the SIGTERM, Orbax reached the agreed step
+    assert "SIGTERM caught" in log and f"Reached preemption sync point, step={saved}" in log
+    # Committed: Orbax's marker in MaxText's checkpoint of that step (trainers.committed), unless the resumed group's
+    # later saves made it one too old to keep (maxtext.CHECKPOINTS_KEPT; a save at 19 is followed by the periodic 20
+    # and the last, 29); the restore below shows it was whole either way
+    kept = sorted(int(d.name) for d in (run_dir / "train" / run_id / "checkpoints").iterdir() if d.name.isdigit())
+    if saved in kept:
+        assert (run_dir / "train" / run_id / "checkpoints" / str(saved) / "_CHECKPOINT_METADATA").is_file()
+    else:
+        assert len([step for step in kept if step > saved]) >= maxtext.CHECKPOINTS_KEPT, (saved, kept)
+    groups = [e for e in events if e["event"] == "worker_group_started"]
+    firsts = {e["group"]: e for e in reversed(groups)}
+    order = sorted(firsts, key=lambda g: firsts[g]["time"])
+    assert len(order) == 2, groups  # the first group, and the one Ray Train restarted after the preemption
+    assert [firsts[g]["num_workers"] for g in order] == [2, 1]  # on the host left: its replacement comes late
+    assert firsts[order[1]]["restore_step"] == saved  # the restarted group restored the just-in-time checkpoint
+    steps = [(p["group"], p["step"]) for kind, p in found if kind == "metric" and "step" in p]
+    # Nothing trained after the save; MaxText logs a step's figures after the next step's (a queue of length 1:
+    # maxtext/common/metric_logger.py, buffer_and_write_metrics), so the saved step's own line may stay unwritten
+    lost, resumed = ([step for group, step in steps if group == g] for g in order)
+    assert lost and resumed, (saved, steps)  # the notice came during training: steps before it and after it
+    assert saved - 1 <= max(lost) <= saved
+    assert min(resumed) == saved + 1  # 0 steps repeated
     assert run_processes(run_id) == []

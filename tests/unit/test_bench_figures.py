@@ -95,3 +95,29 @@ def test_the_drain_bench_pairs_each_notice_with_its_save_and_the_restore_after_i
     assert first["notice_to_saved_s"] == 2.0 and first["notice_to_restart_s"] == 20.0
     assert not second["committed"] and second["saved_step"] is None and second["restored_step"] == 40
     assert second["last_step_before_restart"] == 46 and second["steps_repeated"] == 6
+
+
+def test_the_drain_bench_reads_maxtexts_groups_and_metrics_and_its_saved_steps_unlogged_line_repeats_nothing():
+    """MaxText's records: a group's restore in its ``worker_group_started``, its steps as metrics (a step's line
+    written after the next step's, so a group that stopped at its save may never log the saved step)."""
+    from bench.bench_drain import events, per_drain, restores
+    from components.spec import protocol
+
+    nonce = "a1b2c3d4e5f60718"
+
+    def line(kind, payload):
+        return "(RayTrainWorker pid=1) " + protocol.line(kind, payload, nonce)
+
+    log = [
+        line("event", {"event": "worker_group_started", "group": 1, "time": 0.0, "restore_step": None}),
+        *[line("metric", {"step": s, "group": 1, "loss": 1.0, "time": 1.0 + s / 10}) for s in range(0, 15)],
+        line("metric", {"step": 14, "group": 1, "loss": 0.9, "time": 1.0 + 14 / 10}),  # the precise one after
+        line("event", {"event": "preemption_checkpoint", "step": 15, "time": 12.0}),
+        line("event", {"event": "worker_group_started", "group": 2, "time": 30.0, "restore_step": 15}),
+        *[line("metric", {"step": s, "group": 2, "loss": 0.5, "time": 32.0 + s / 10}) for s in range(16, 20)],
+    ]
+    found = events("\n".join(log))
+    assert [r["step"] for r in restores(found)] == [15]
+    (drain,) = per_drain(found, [10.0])
+    assert drain["committed"] and drain["saved_step"] == drain["restored_step"] == 15
+    assert drain["last_step_before_restart"] == 14 and drain["steps_repeated"] == 0

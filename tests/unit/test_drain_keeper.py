@@ -95,5 +95,5 @@ def test_no_drain_without_the_aid(tmp_path):
 
 def test_the_watcher_is_on_where_a_drain_is_scheduled():
     scheduled = cluster.preemption_environment(resolve("local-fsdp", "testing.drain_host_at_step=20"))
-    assert scheduled == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    assert scheduled == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}
     assert cluster.preemption_environment(resolve("local-fsdp")) == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}

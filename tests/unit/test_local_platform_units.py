@@ -115,6 +115,7 @@ def test_every_process_of_a_local_run_names_its_own_cluster(tmp_path):
     assert runtime_env(ctx)["env_vars"] == {
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",
+        "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",  # the preemption watcher's poll, where a worker group has one
         "RAY_ADDRESS": "127.0.0.1:12345",
     }
 

@@ -169,16 +169,11 @@ def host_environment(run_id: str, gcs_address: str, env: Env, token_path: str) -
 
 def preemption_environment(spec: RunSpec) -> dict[str, str]:
     """Ray Train's preemption watcher (an actor per worker group, which polls the GCS's draining nodes and announces a
-    drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER and RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S,
-    ray/train/v2/_internal/constants.py, propagated to the controller and workers) runs where the spec schedules a
-    drain (``testing.drain_host_at_step``: the keeper's notice, ``keeper.preempt``), polling every second, not every
-    5 s, since a local notice is short and its steps fast; elsewhere it stays off, and no worker group pays for
-    starting its actor."""
-    watched = bool(spec.testing.drain_host_at_step)
-    return {
-        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1" if watched else "0",
-        **({"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"} if watched else {}),
-    }
+    drain to the workers: RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, ray/train/v2/_internal/constants.py, propagated to the
+    controller and workers) runs where the spec schedules a drain (``testing.drain_host_at_step``: the keeper's notice,
+    ``keeper.preempt``), polling as every job's runtime environment says (``components.workload.derive``'s
+    ``JOB_RUNTIME_ENV``, as on GKE); elsewhere it stays off, and no worker group pays for starting its actor."""
+    return {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1" if spec.testing.drain_host_at_step else "0"}
 
 
 def start(ctx: RunContext, ledger: dict[str, Any], env: Env, log: Callable[[str], None] = print) -> None:
