@@ -68,10 +68,10 @@ test: $(VENV)/.installed ## all tests: the fast tiers while the trainer environm
 	$(MAKE) --no-print-directory test-e2e
 
 test-fast: $(VENV)/.installed ## the tiers that start no Ray cluster and need no trainer environment (minutes)
-	$(BIN)/python -m pytest -q -ra -m "not e2e" $(FAST_XDIST) --durations=15 tests
+	$(BIN)/python -m pytest -q -ra -m "not e2e and not trainer_env" $(FAST_XDIST) --durations=15 tests
 
-test-e2e: envs ## the tier that starts real local Ray clusters and trains: local, gke and Vertex AI emulated runs
-	$(BIN)/python -m pytest -q -ra -m e2e $(XDIST) --durations=15 tests
+test-e2e: envs ## the tier that starts real local Ray clusters and trains (local, gke and Vertex AI emulated runs), and the tests in a trainer environment
+	$(BIN)/python -m pytest -q -ra -m "e2e or trainer_env" $(XDIST) --durations=15 tests
 
 compile-pipeline: $(VENV)/.installed ## compile the pipeline to $(PIPELINE_YAML) for PROJECT and REGION and check it as Vertex AI will read it (offline)
 	$(BIN)/tpupipe compile --output $(PIPELINE_YAML) $(if $(PROJECT),--project $(PROJECT)) $(if $(REGION),--region $(REGION)) \

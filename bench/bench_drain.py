@@ -11,7 +11,9 @@ each next one once the restarted worker group has trained ``GAP`` steps. From th
 emitted once the save is committed, and the next worker group restoring that step), and the steps repeated (the
 newest step the preempted group logged, less the step the next group restored; MaxText logs a step's figures only
 after the next step's, so its saved step's own line may stay unwritten: a group that stopped at its save shows
-``-1``, counted as 0).
+``-1``, counted as 0). The step restored is the one the next group named (the FSDP trainer's ``restored`` event,
+MaxText's ``restore_step``) only where its first step logged is the one after it: a group that trained from
+elsewhere restored nothing of the drain's.
 Targets: every drain commits its just-in-time checkpoint; 0 steps repeated in each.
 ``python -m bench.bench_drain [DRAINS [MAXTEXT_DRAINS]]`` runs it alone (0 skips that trainer).
 """
@@ -165,9 +167,13 @@ def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
         saves = [e for e in window if e["event"] == "preemption_checkpoint"]
         start = next((e for e in window if e["event"] == "worker_group_started"), None)
         restore = next((e for e in restores(window)), None)
-        before = [e["step"] for e in found if e["event"] == "step" and e["time"] < (start or {}).get("time", until)]
+        restart = (start or {}).get("time", until)
+        before = [e["step"] for e in found if e["event"] == "step" and e["time"] < restart]
+        after = [e["step"] for e in window if e["event"] == "step" and e["time"] >= restart]
         saved = saves[0]["step"] if saves else None
-        restored = restore["step"] if restore else None
+        # What the new group trained from, by its own first step (not only the step it named to restore)
+        resumed = min(after) - 1 if after else None
+        restored = restore["step"] if restore and resumed in (None, restore["step"]) else None
         out.append(
             {
                 "noticed_at": at,
@@ -175,6 +181,7 @@ def per_drain(found: list[dict], noticed: list[float]) -> list[dict]:
                 "restored_step": restored,
                 "committed": saved is not None and restored == saved,
                 "last_step_before_restart": max(before) if before else None,
+                "resumed_from_step": resumed,
                 "steps_repeated": max(0, max(before) - restored) if before and restored is not None else None,
                 "notice_to_saved_s": (saves[0]["time"] - at) if saves else None,
                 "notice_to_restart_s": (start["time"] - at) if start else None,

@@ -82,7 +82,7 @@ def test_on_vertex_a_run_is_a_gke_run_with_its_state_in_cloud_storage(platform, 
     check_on_vertex("gke", "gs://b/runs", {VERTEX_TASK_ENV: "{}"})
 
 
-@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 def test_build_image_reuses_the_torch_environment_by_content_hash(tmp_path):
     envs.ensure_env("torch", log=lambda m: None)  # built by `make test` beside the fast tiers; waited on, or built
     task = c.build_image(**args(tmp_path, "build"))

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.trainer_env  # both run in a trainer environment, no Ray
 
 # Seed 57's trials: kills in the saves of steps 3 and 6, part way through rank 1's items, before and after their
 # middle, resumed on 1, 2 and 3 ranks (its fourth trial only repeated its first's point: step 3, part way, 1 rank).

@@ -121,3 +121,18 @@ def test_the_drain_bench_reads_maxtexts_groups_and_metrics_and_its_saved_steps_u
     (drain,) = per_drain(found, [10.0])
     assert drain["committed"] and drain["saved_step"] == drain["restored_step"] == 15
     assert drain["last_step_before_restart"] == 14 and drain["steps_repeated"] == 0
+
+
+def test_the_drain_bench_counts_no_restore_where_the_next_group_trained_from_another_step():
+    """The restore a group names is taken only where its first logged step is the one after it."""
+    from bench.bench_drain import per_drain
+
+    found = [
+        {"event": "worker_group_started", "time": 0.0, "restore_step": None},
+        *[{"event": "step", "step": s, "time": 1.0 + s / 10} for s in range(0, 15)],
+        {"event": "preemption_checkpoint", "step": 15, "time": 12.0},
+        {"event": "worker_group_started", "time": 30.0, "restore_step": 15},
+        *[{"event": "step", "step": s, "time": 32.0 + s / 10} for s in range(1, 5)],  # trained from step 0 instead
+    ]
+    (drain,) = per_drain(found, [10.0])
+    assert drain["resumed_from_step"] == 0 and drain["restored_step"] is None and not drain["committed"]

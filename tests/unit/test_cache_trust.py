@@ -287,7 +287,7 @@ def test_runs_recording_at_once_on_this_machine_keep_every_entry(tmp_path):
 # ---------------------------------------------------------------- with JAX's own persistent compilation cache
 
 
-@pytest.mark.e2e  # runs in the maxtext environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # runs in the maxtext environment, which `make test` builds while the fast tiers run
 @pytest.mark.parametrize("how", ["bytes", "manifest", "both"])
 def test_jax_loads_only_verified_programs_and_a_planted_one_is_compiled_again(tmp_path, how):
     """Runs through the train stage's staging and recording, each a real JAX process for the compile job (pointed at

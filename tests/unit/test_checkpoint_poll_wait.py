@@ -108,7 +108,7 @@ def run(tmp_path_factory):
     return root
 
 
-@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 def test_the_preemption_polls_wait_for_a_slow_save_is_checkpoint_time_in_the_ledger(run):
     from components.spec import protocol
     from components.stages import goodput
@@ -132,7 +132,7 @@ def test_the_preemption_polls_wait_for_a_slow_save_is_checkpoint_time_in_the_led
     assert around.get("productive steps", 0.0) < around["checkpoint saves"], around
 
 
-@pytest.mark.e2e
+@pytest.mark.trainer_env  # the module's run, in the torch trainer environment
 def test_the_trained_model_is_written_once_into_the_runs_storage_and_reported_there(run):
     from trainers import ray_checkpoints
     from trainers.checkpoints import CHECKPOINT_META

@@ -136,7 +136,7 @@ def run(tmp_path_factory):
     return root
 
 
-@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 def test_every_rank_restores_the_checkpoint_rank_0_chose(run):
     chosen = [(run / f"chosen{rank}.txt").read_text() for rank in (0, 1)]
     # Rank 0 looked (within the two seconds rank 1 gave it) before step 9 was committed: both restore step 6, though
@@ -145,7 +145,7 @@ def test_every_rank_restores_the_checkpoint_rank_0_chose(run):
     assert (run / "picks" / "checkpoint_step00000009").is_dir()  # the newest, never pruned
 
 
-@pytest.mark.e2e
+@pytest.mark.trainer_env  # the module's run, in the torch trainer environment
 def test_the_polls_wait_for_a_slower_ranks_report_is_checkpoint_time(run):
     from components.spec import protocol
 
@@ -159,7 +159,7 @@ def test_the_polls_wait_for_a_slower_ranks_report_is_checkpoint_time(run):
     assert poll["report_wait_s"] + poll["barrier_wait_s"] == pytest.approx(poll["seconds"])
 
 
-@pytest.mark.e2e
+@pytest.mark.trainer_env  # the module's run, in the torch trainer environment
 def test_a_groups_start_prunes_checkpoints_ray_train_never_registered_and_keeps_what_a_restore_needs(
     run, tmp_path, capsys
 ):

@@ -141,7 +141,7 @@ print("RESULT " + json.dumps({"value": value, **counter.summary(), "warnings": [
 """
 
 
-@pytest.mark.e2e  # runs in the maxtext environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # runs in the maxtext environment, which `make test` builds while the fast tiers run
 def test_a_damaged_cache_entry_is_compiled_again_with_a_warning(tmp_path):
     from components.platforms.local import envs
     from tests.helpers import REPO

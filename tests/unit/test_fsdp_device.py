@@ -127,7 +127,7 @@ def test_a_tpu_slice_without_chips_hides_them_from_the_workers():
     assert devices.worker_runtime_env(False, "cpu") == {}
 
 
-@pytest.mark.e2e  # runs in the torch trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # runs in the torch trainer environment, which `make test` builds while the fast tiers run
 def test_torch_tpu_importable_without_chips_takes_the_gloo_path(tmp_path):
     """The torch image carries torch-tpu on every host; on one without chips torch_tpu imports, registers nothing,
     and the trainer computes on CPU with gloo (a one-process group here, in the torch environment itself)."""

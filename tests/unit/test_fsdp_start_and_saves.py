@@ -136,7 +136,7 @@ print("FACTS " + json.dumps(facts))
 """
 
 
-@pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # needs the torch trainer environment, which `make test` builds while the fast tiers run
 def test_a_tokenised_split_is_kept_across_runs_and_a_save_holds_the_state_it_began_with(tmp_path):
     import socket
 

@@ -16,7 +16,7 @@ import pytest
 
 from components.spec import protocol
 
-pytestmark = pytest.mark.e2e  # needs the torch trainer environment, which `make test` builds while the fast tiers run
+pytestmark = pytest.mark.trainer_env  # the torch trainer environment, which `make test` builds beside the fast tiers
 
 SCRIPT = r"""
 import json, os, sys

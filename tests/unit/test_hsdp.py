@@ -111,7 +111,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.e2e  # runs in the torch trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # runs in the torch trainer environment, which `make test` builds while the fast tiers run
 def test_hsdp_over_two_slices_trains_as_fsdp_over_one_on_the_same_ranks(tmp_path):
     """The trainer's own step (``trainers.mesh.train_step``, sharding, sampler) on 4 gloo ranks: a 2x2 mesh shards
     each parameter over the 2 ranks of a slice and replicates it across the slices, and every rank's loss at every

@@ -174,7 +174,7 @@ def _maxtext(tmp_path):
     return envs.ensure_env("maxtext").python, env, tree  # run there: `python -c` puts its directory first
 
 
-@pytest.mark.e2e  # needs the maxtext trainer environment, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # needs the maxtext trainer environment, which `make test` builds while the fast tiers run
 def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_format(tmp_path):
     from components.stages import answers
 
@@ -214,7 +214,7 @@ def test_maxtext_engine_answers_before_and_after_training_in_the_fsdp_trainers_f
     assert base["which"] == "before" and [r["answer"] for r in answers.read(base["path"])] == after
 
 
-@pytest.mark.e2e  # needs the maxtext trainer environment
+@pytest.mark.trainer_env  # needs the maxtext trainer environment
 def test_the_model_before_training_answers_with_the_parameters_training_started_from(tmp_path):
     """Training frozen (learning rate 0, one step): its checkpoint holds what training initialised, leaf for leaf
     ``initial_params``', and the ``before`` answers (what training started from) are the checkpoint's answers. The
@@ -244,7 +244,7 @@ def flaky(prompt, reference, answer):  # fails once: at the first score of the s
 """
 
 
-@pytest.mark.e2e  # needs the maxtext trainer environment; starts a Ray instance of its own
+@pytest.mark.trainer_env  # needs the maxtext trainer environment; starts a Ray instance of its own
 def test_a_failure_while_answering_after_training_is_retried_without_training_again(tmp_path):
     """The train job itself (``python -m trainers.maxtext_train train``, Ray Train on a Ray instance of its own, one
     worker of 2 CPU devices) with a team scorer that fails once, scoring the trained model's answers after the last

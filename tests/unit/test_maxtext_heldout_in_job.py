@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.e2e  # needs the maxtext trainer environment, which `make test` builds while the fast tiers run
+pytestmark = pytest.mark.trainer_env  # the maxtext trainer environment, which `make test` builds beside the fast tiers
 
 SCRIPT = r"""
 import json, os, sys

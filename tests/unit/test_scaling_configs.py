@@ -49,7 +49,7 @@ def _jobs(workload: str) -> list[tuple[str, str, list[str]]]:
     return jobs
 
 
-@pytest.mark.e2e  # runs in the trainer environments, which `make test` builds while the fast tiers run
+@pytest.mark.trainer_env  # runs in the trainer environments, which `make test` builds while the fast tiers run
 @pytest.mark.parametrize("workload", sorted(ENV_OF))
 def test_every_presets_jobs_parse_and_build_their_scaling_config_in_the_trainers_environment(workload):
     from components.platforms.local import envs
