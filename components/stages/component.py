@@ -26,7 +26,8 @@ def with_target(overrides: str, project: str, bucket: str, dataset: str = "") ->
 def run_component(stage: str, args: dict[str, Any]) -> str:
     """What a KFP component calls with its arguments (its ``locals()``): the stage, then the stage's typed
     artifacts (``components.stages.artifacts``), written from the records the stage left in the run's store. What the
-    stage takes and writes is its record's (``components.stages.table``)."""
+    stage takes and writes is its record's (``components.stages.table``); what it returns, its result less what its
+    record alone keeps (``Stage.kept_in_record``)."""
     this = table.named(stage)
     overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""), args.get("dataset", ""))
     common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
@@ -35,4 +36,14 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
     ctx = stage_context(stage, *common)
     if this.writes:
         this.writes(ctx, args)
-    return json.loads(result)[this.output] if this.output else result
+    return passed_on(this, result)
+
+
+def passed_on(stage: table.Stage, result: str) -> str:
+    """What a stage's component returns of its result (JSON): its ``output`` field, else the result less the fields
+    its record alone keeps."""
+    if stage.output:
+        return str(json.loads(result)[stage.output])
+    if not stage.kept_in_record:
+        return result
+    return json.dumps({key: value for key, value in json.loads(result).items() if key not in stage.kept_in_record})

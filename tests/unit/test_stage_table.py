@@ -88,3 +88,25 @@ def test_an_unknown_stage_is_refused_naming_the_stages():
     assert named("train").name == "train"
     with pytest.raises(ValueError, match="unknown stage 'trian' \\(valid: snapshot_data, provision, build_image, "):
         named("trian")
+
+
+def test_a_long_runs_train_result_passes_on_within_one_command_line_argument():
+    """The train stage's result as its component returns it to evaluate (one command-line argument of the next task:
+    at most 128 KiB, MAX_ARG_STRLEN) holds no per-step record, however many steps the run had; its record keeps them."""
+    import json
+
+    from components.stages.component import passed_on
+
+    steps = [{"step": s, "time": 1796663725.0 + s, "loss": 1.234567, "group": 12345} for s in range(20_000)]
+    result = {
+        "checkpoint": "/runs/r/final",
+        "heldout": {"eval_loss_after": 1.0},
+        "steps": steps,
+        "timeline": {"steps": steps, "compile_cache": {"hits": 3}},
+    }
+    passed = passed_on(named("train"), json.dumps(result))
+    assert len(passed.encode()) < 128 * 1024 < len(json.dumps(result).encode())
+    assert json.loads(passed) == {"checkpoint": "/runs/r/final", "heldout": {"eval_loss_after": 1.0}}
+    assert passed_on(named("evaluate"), json.dumps(result)) == json.dumps(result)  # the others: the whole result
+    gate = named("snapshot_data")
+    assert passed_on(gate, json.dumps({gate.output: "true", "steps": steps})) == "true"
