@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,17 +96,24 @@ def run(
         flush=True,
     )
     quiet = contextlib.nullcontext() if verbose else Quiet(log)
+    crashed: Exception | None = None
     with driver.Interrupts(ctx, output_root) as interrupted, quiet:  # Ctrl-C, SIGTERM: stop, tear down, exit 130/143
-        pipeline(
-            preset=preset,
-            platform=platform_name,
-            overrides=overrides,
-            run_id=ctx.run_id,
-            output_root=str(local_dir.parent) if local_dir else output_root,
-            project="",
-            bucket="",
-            source_version=source_version(),
-        )
+        try:
+            pipeline(
+                preset=preset,
+                platform=platform_name,
+                overrides=overrides,
+                run_id=ctx.run_id,
+                output_root=str(local_dir.parent) if local_dir else output_root,
+                project="",
+                bucket="",
+                source_version=source_version(),
+            )
+        except Exception as e:  # noqa: BLE001 - kfp.local itself failed (a task it could not start): no exit task ran
+            crashed = e
+            print(traceback.format_exc(), flush=True)  # to the log, with the run's other output
+    if crashed is not None:
+        return _teardown_after_crash(ctx, output_root, crashed, log if not verbose else None)
     if interrupted.abandoned:
         return interrupted.exit_abandoned()
     failed = 128 + interrupted.signum if interrupted.signum else 1
@@ -116,6 +124,17 @@ def run(
     summary = json.loads(summary_text)
     print(report.format_table(summary))
     return 0 if summary["status"] in ("succeeded", "skipped") and not interrupted.signum else failed
+
+
+def _teardown_after_crash(ctx: RunContext, output_root: str, crashed: Exception, log: Path | None) -> int:
+    """kfp.local raised instead of running the pipeline to its end: its exit task, teardown, may never have run, so
+    the driver tears down what the run's ledger holds itself, says so, and exits 1."""
+    where = f"; the traceback in {log}" if log else ""
+    print(f"tpupipe: kfp.local failed: {type(crashed).__name__}: {crashed}{where}; tearing down", flush=True)
+    code = teardown(ctx.run_id, ctx.platform, output_root)
+    if code:
+        return code
+    return fail(f"run {ctx.run_id} failed in kfp.local ({type(crashed).__name__}); torn down", 1)
 
 
 def _check_unused(ctx: RunContext) -> None:
