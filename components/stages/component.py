@@ -26,8 +26,8 @@ def with_target(overrides: str, project: str, bucket: str, dataset: str = "") ->
 def run_component(stage: str, args: dict[str, Any]) -> str:
     """What a KFP component calls with its arguments (its ``locals()``): the stage, then the stage's typed
     artifacts (``components.stages.artifacts``), written from the records the stage left in the run's store. What the
-    stage takes and writes is its record's (``components.stages.table``); what it returns, its result less what its
-    record alone keeps (``Stage.kept_in_record``)."""
+    stage takes and writes is its record's (``components.stages.table``); what it returns, the fields of its result
+    the stages after it read (``Stage.passes_on``)."""
     this = table.named(stage)
     overrides = with_target(args["overrides"], args.get("project", ""), args.get("bucket", ""), args.get("dataset", ""))
     common = (args["preset"], args["platform"], overrides, args["run_id"], args["job_name"], args["output_root"])
@@ -40,10 +40,9 @@ def run_component(stage: str, args: dict[str, Any]) -> str:
 
 
 def passed_on(stage: table.Stage, result: str) -> str:
-    """What a stage's component returns of its result (JSON): its ``output`` field, else the result less the fields
-    its record alone keeps."""
+    """What a stage's component returns of its result (JSON): its ``output`` field, else the fields it passes on."""
     if stage.output:
         return str(json.loads(result)[stage.output])
-    if not stage.kept_in_record:
+    if not stage.passes_on:
         return result
-    return json.dumps({key: value for key, value in json.loads(result).items() if key not in stage.kept_in_record})
+    return json.dumps({key: value for key, value in json.loads(result).items() if key in stage.passes_on})

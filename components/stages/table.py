@@ -57,12 +57,13 @@ class Stage:
     params: tuple[str, ...] = ()  # pipeline parameters it takes beyond COMMON
     facts: Mapping[str, str] = field(default_factory=dict)  # a keyword argument of ``run`` -> the argument giving it
     output: str = ""  # the field of its result its component returns (what a gate reads); "" for the whole result
-    # Fields of its result kept in its record alone, not in what its component returns (``output`` ""): the task
-    # after it gets that as one command-line argument (the executor input, on kfp.local and on Vertex AI alike), and
-    # Linux refuses an argument over 128 KiB ("Argument list too long": MAX_ARG_STRLEN, 32 pages, in execve(2),
-    # https://man7.org/linux/man-pages/man2/execve.2.html, "Limits on size of arguments and environment"); what
-    # grows with the run's steps stays in the record, where the summary and the goodput ledger read it.
-    kept_in_record: tuple[str, ...] = ()
+    # The fields of its result its component returns (``output`` ""; () for the whole result): what the stages after
+    # it read. The task after it gets that as one command-line argument (the executor input, on kfp.local and in KFP
+    # v2's launcher alike), and Linux refuses an argument over 128 KiB ("Argument list too long": MAX_ARG_STRLEN, 32
+    # pages, in execve(2), https://man7.org/linux/man-pages/man2/execve.2.html, "Limits on size of arguments and
+    # environment"); what grows with the run (a record per step or per epoch) stays in its record, where the summary
+    # and the goodput ledger read it.
+    passes_on: tuple[str, ...] = ()
     gates: Gate | None = None
     writes: Callable[[RunContext, dict[str, Any]], None] | None = None  # its typed artifacts (``artifacts``)
     job: bool = False  # it runs a Ray job: its log is logs/<name>.log
@@ -140,7 +141,9 @@ TABLE: tuple[Stage, ...] = (
         "submitted, which went on training, instead of starting a second one",
         inputs={"raycluster": From("deploy_raycluster")},
         after=("check_slice",),
-        kept_in_record=("steps", "timeline"),  # a record per step each: about 130 KiB at 1,700 FSDP steps
+        # what evaluate reads (ray_stages.evaluate): the whole result holds per-step records (404 KB at 1,728 FSDP
+        # steps; MaxText's history and losses too)
+        passes_on=("checkpoint", "checkpoint_uri", "init_from", "heldout", "device", "num_workers", "answers"),
         writes=artifacts.for_train,
         job=True,
     ),

@@ -103,6 +103,8 @@ def test_a_long_runs_train_result_passes_on_within_one_command_line_argument():
         "heldout": {"eval_loss_after": 1.0},
         "steps": steps,
         "timeline": {"steps": steps, "compile_cache": {"hits": 3}},
+        "history": steps,  # MaxText's: a row per step
+        "losses": [s["loss"] for s in steps],
     }
     passed = passed_on(named("train"), json.dumps(result))
     assert len(passed.encode()) < 128 * 1024 < len(json.dumps(result).encode())
@@ -110,3 +112,15 @@ def test_a_long_runs_train_result_passes_on_within_one_command_line_argument():
     assert passed_on(named("evaluate"), json.dumps(result)) == json.dumps(result)  # the others: the whole result
     gate = named("snapshot_data")
     assert passed_on(gate, json.dumps({gate.output: "true", "steps": steps})) == "true"
+
+
+def test_the_train_stage_passes_on_every_field_of_its_result_the_stages_read_from_it():
+    """Every field of the upstream ``train_result`` that evaluate's code reads (``ray_stages.evaluate`` and the answers'
+    functions it hands it to) is one the train stage passes on."""
+    import re
+
+    from components.stages import answers, ray_stages
+
+    source = inspect.getsource(ray_stages) + inspect.getsource(answers)
+    read = set(re.findall(r'train_result(?:\.get\(|\[)"([a-z_]+)"', source))
+    assert "checkpoint" in read and read <= set(named("train").passes_on), read - set(named("train").passes_on)
