@@ -34,6 +34,7 @@ def test_a_run_whose_kfp_local_fails_to_start_a_task_is_torn_down_by_the_driver(
     out = capsys.readouterr().out
     assert code == 1, out[-5000:]
     assert "kfp.local failed: OSError: [Errno 7] Argument list too long: 'sh'" in out and "tearing down" in out
+    assert f"`tpupipe teardown {run_id} --platform gke --output-root {tmp_path / 'runs'}` finishes it" in out
     assert f"tpupipe teardown {run_id} (gke): deleted " in out
     assert project.gke.state.calls.count("CreateCluster") == 1  # provision ran: there was something to delete
     assert not project.leftovers(run_id)

@@ -129,9 +129,24 @@ def run(
 def _teardown_after_crash(ctx: RunContext, output_root: str, crashed: Exception, log: Path | None) -> int:
     """kfp.local raised instead of running the pipeline to its end: its exit task, teardown, may never have run, so
     the driver tears down what the run's ledger holds itself, says so, and exits 1."""
+    import signal
+
+    from pipelines.backends.local.driver import teardown_command
+
     where = f"; the traceback in {log}" if log else ""
-    print(f"tpupipe: kfp.local failed: {type(crashed).__name__}: {crashed}{where}; tearing down", flush=True)
-    code = teardown(ctx.run_id, ctx.platform, output_root)
+    print(
+        f"tpupipe: kfp.local failed: {type(crashed).__name__}: {crashed}{where}; tearing down (Ctrl-C and a closed "
+        f"terminal do not stop it; should this process be killed, `{teardown_command(ctx, output_root)}` finishes it)",
+        flush=True,
+    )
+    # The driver's own handlers are gone with its Interrupts context: without these, a Ctrl-C or a hang-up would end
+    # it part way, the cluster still up.
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGHUP)}
+    try:
+        code = teardown(ctx.run_id, ctx.platform, output_root)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if code:
         return code
     return fail(f"run {ctx.run_id} failed in kfp.local ({type(crashed).__name__}); torn down", 1)
