@@ -30,15 +30,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.bench_recovery import steps_per_epoch
 from bench.figures import Figure, table
 from components.platforms import procs
 from components.platforms.local import auth, keeper
 from components.spec import protocol
+from components.workload import resolve
 
 NOTICE_S = 10  # cluster.preemption_notice_s
 FIRST = 20  # the first drain's step (testing.drain_host_at_step)
 GAP = 8  # steps a restarted group trains before the next notice
-STEPS_PER_EPOCH = 16  # local-fsdp's: 512 examples over 2 workers, 16 a batch
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Trainer:
     preset: str
     issue_drains: int  # the drains the figure must count to hold: fewer run never holds
     count_env: str  # the environment variable that sets how many run
-    steps_per_drain: int  # GAP, the steps to the save the notice brings, and a margin
+    steps_per_drain: int  # the steps a drain takes of the run's length (below)
     drain_s: int  # the most a drain may take, for the run's timeout
 
     def drains(self) -> int:
@@ -57,19 +58,22 @@ class Trainer:
 
     def sets(self, drains: int) -> str:
         steps = FIRST + self.steps_per_drain * (drains + 1)
-        length = f"epochs={math.ceil(steps / STEPS_PER_EPOCH)}" if self.preset == "local-fsdp" else ""
-        if self.preset == "local-maxtext":  # no answers before and after: the run's work is its drains
-            length = f"maxtext.steps={steps} eval.generate_examples=0"
-        return (
+        sets = (
             f"cluster.slice_check=false testing.drain_host_at_step={FIRST} cluster.preemption_notice_s={NOTICE_S} "
-            f"{length} gate.register=false"
+            "gate.register=false eval.generate_examples=0"  # no answers before and after: the run's work is its drains
         )
+        if self.preset == "local-maxtext":
+            return f"{sets} maxtext.steps={steps}"
+        return f"{sets} epochs={math.ceil(steps / steps_per_epoch(resolve(self.preset, sets)))}"
 
 
-# FSDP2 polls for a notice every 10 steps (trainers.ray_checkpoints.PREEMPTION_POLL_STEPS); MaxText's JAX agrees a
-# step a few past every process's current one (trainers.maxtext_train.preemption_notice_to_jax).
-FSDP = Trainer("FSDP2", "local-fsdp", 20, "TPUPIPE_BENCH_DRAINS", 40, 240)
-MAXTEXT = Trainer("MaxText", "local-maxtext", 10, "TPUPIPE_BENCH_MAXTEXT_DRAINS", 30, 300)
+# A drain's steps: those the restarted group trains before the bench sees its restore in the stage's log (which comes
+# seconds late through the Jobs API: about 150 of local-fsdp's steps, at about 10 a second on 2 cores), GAP, and
+# those to the save the notice brings (FSDP2 polls for a notice every 10 steps, trainers.ray_checkpoints.
+# PREEMPTION_POLL_STEPS; MaxText's JAX agrees a step a few past every process's current one,
+# trainers.maxtext_train.preemption_notice_to_jax). A run that ends before its last notice counts only those given.
+FSDP = Trainer("FSDP2", "local-fsdp", 20, "TPUPIPE_BENCH_DRAINS", 200, 240)
+MAXTEXT = Trainer("MaxText", "local-maxtext", 10, "TPUPIPE_BENCH_MAXTEXT_DRAINS", 60, 300)
 
 
 def events(log_text: str) -> list[dict]:
@@ -98,16 +102,15 @@ def last_host(run_dir: Path) -> dict:
     return max(hosts, key=lambda p: int(p["role"].removeprefix("host-")))
 
 
-def _wait_for_step(proc, temp_dir: Path, offsets: dict, step: int, deadline: float) -> int:
-    latest = -1
-    while latest < step:
+def _reached(proc, temp_dir: Path, offsets: dict, step: int, deadline: float) -> bool:
+    """Whether the workers logged ``step`` (False: the run ended first)."""
+    while keeper.latest_step(temp_dir, offsets) < step:
         if proc.poll() is not None:
-            raise SystemExit(f"the run ended (exit {proc.returncode}) before step {step}: lengthen it")
+            return False
         if time.monotonic() > deadline:
             raise SystemExit(f"step {step} not reached in time")
         time.sleep(0.1)
-        latest = max(latest, keeper.latest_step(temp_dir, offsets))
-    return latest
+    return True
 
 
 def _first_notice(proc, run_dir: Path, deadline: float) -> float:
@@ -122,24 +125,33 @@ def _first_notice(proc, run_dir: Path, deadline: float) -> float:
 
 
 def drive(proc, run_dir: Path, drains: int, deadline: float) -> list[float]:
-    """Give the notices (the keeper the first, the bench the rest); the wall-clock time of each."""
+    """Give the notices (the keeper the first, the bench the rest), each once the group restarted after the one
+    before has trained ``GAP`` steps; the wall-clock time of each. Fewer than ``drains`` where the run ends first:
+    those given are measured, and the figure counts no drain that was not given."""
     noticed = [_first_notice(proc, run_dir, deadline)]  # the cluster is up by then: its ledger has its temp dir
     ledger = json.loads((run_dir / "ledger.json").read_text())
     temp_dir, offsets = Path(ledger["temp_dir"]), {}
     os.environ.update(auth.environment(ledger["auth_token_path"]))  # the run's Ray token, for the notices' DrainNode
+    train_log = run_dir / "logs" / "train.log"
     while len(noticed) < drains:
-        time.sleep(NOTICE_S + 1)  # the previous host's deadline; then a new group must be training
-        train_log = run_dir / "logs" / "train.log"
         restored = restores(events(train_log.read_text()))
-        while len(restored) < len(noticed):
-            if proc.poll() is not None or time.monotonic() > deadline:
+        while len(restored) < len(noticed):  # the group restarted after the last notice
+            if proc.poll() is not None:
+                return noticed
+            if time.monotonic() > deadline:
                 raise SystemExit(f"no restore after notice {len(noticed)}")
             time.sleep(0.5)
             restored = restores(events(train_log.read_text()))
-        _wait_for_step(proc, temp_dir, offsets, restored[-1]["step"] + GAP, deadline)
-        ledger = json.loads((run_dir / "ledger.json").read_text())
+        if not _reached(proc, temp_dir, offsets, restored[-1]["step"] + GAP, deadline):
+            return noticed
         host = last_host(run_dir)
-        noticed.append(keeper.preempt(ledger, host, NOTICE_S))
+        noticed.append(keeper.preempt(json.loads((run_dir / "ledger.json").read_text()), host, NOTICE_S))
+        print(
+            f"drain {len(noticed)}/{drains}: a {NOTICE_S} s notice to {host['role']} (pid {host['pid']}); the group "
+            f"before it restored step {restored[-1]['step']}",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(NOTICE_S + keeper.KILL_AFTER_DEADLINE_S)
         if procs.alive(host["pid"]):
             keeper.lose_host(host)
@@ -221,7 +233,8 @@ def trainer_figures(trainer: Trainer, drains: int) -> list[Figure]:
     repeated = [t["steps_repeated"] for t in trials]
     committed = sum(1 for t in trials if t["committed"])
     detail = {
-        "drains": len(trials),
+        "drains": drains,
+        "given": len(trials),  # fewer where the run ended before its last notice
         "notice_s": NOTICE_S,
         "steps_repeated": repeated,
         "saved_steps": [t["saved_step"] for t in trials],
@@ -231,7 +244,7 @@ def trainer_figures(trainer: Trainer, drains: int) -> list[Figure]:
         ],
         "run": found,
     }
-    name = f"drain with notice ({trainer.name}, {len(trials)} drains, {NOTICE_S} s notice)"
+    name = f"drain with notice ({trainer.name}, {drains} drains, {NOTICE_S} s notice)"
     worst = max((r for r in repeated if r is not None), default=-1)
     missing = sum(1 for r in repeated if r is None)
     target = f">= {trainer.issue_drains}"

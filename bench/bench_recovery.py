@@ -63,7 +63,7 @@ CASES = (
 )
 
 
-def _steps_per_epoch(spec) -> int:
+def steps_per_epoch(spec) -> int:
     """FSDP2's steps an epoch: (examples / workers, rounded up, as the distributed sampler pads) // batch size
     (drop_last)."""
     return -(-spec.train.num_train_examples // spec.num_workers) // spec.train.batch_size
@@ -75,7 +75,7 @@ def checkpoint_period(case: Case) -> int:
     spec = resolve(case.preset, case.sets)
     if spec.train.workload == "maxtext":
         return maxtext.checkpoint_period(spec)
-    return spec.train.checkpoint_every_steps or _steps_per_epoch(spec)
+    return spec.train.checkpoint_every_steps or steps_per_epoch(spec)
 
 
 def kill_step(case: Case) -> int:
@@ -90,7 +90,7 @@ def sized(case: Case) -> Case:
     steps = kill_step(case) + STEPS_AFTER_KILL[spec.train.workload]
     if spec.train.workload == "maxtext":
         return replace(case, sets=f"{case.sets} maxtext.steps={steps}")
-    return replace(case, sets=f"{case.sets} epochs={math.ceil(steps / _steps_per_epoch(spec))}")
+    return replace(case, sets=f"{case.sets} epochs={math.ceil(steps / steps_per_epoch(spec))}")
 
 
 def records(log_text: str):
