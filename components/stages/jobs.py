@@ -58,6 +58,7 @@ class _Follow:
     seen: int = 0
     text: str = ""
     shown: list[str] = field(default_factory=list)  # the complete lines of ``text``, each redacted once
+    last: str = ""  # the last of them as it came
     records: list[Record] = field(default_factory=list)
     saved_at: float = 0.0
     saved: int = 0  # of ``shown``
@@ -136,7 +137,9 @@ def _take(
         return
     lines = state.text[state.seen : end].splitlines()
     state.seen = end
-    state.shown += [redact(line) for line in lines]
+    if lines:  # redacted with the line before them: a credential's value may follow its name on the next line
+        state.shown += redact("\n".join([state.last, *lines])).split("\n")[1:]
+        state.last = lines[-1]
     _save_log(ctx, kind, state)
     for line in state.shown[-len(lines) :] if lines else []:
         print(f"  [{kind}] {line}", flush=True)
