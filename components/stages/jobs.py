@@ -58,7 +58,9 @@ class _Follow:
     seen: int = 0
     text: str = ""
     shown: list[str] = field(default_factory=list)  # the complete lines of ``text``, each redacted once
-    last: str = ""  # the last of them as it came
+    # The last of them that was not blank and those after it, as they came: a credential's name and its value are
+    # apart by whitespace alone (``redaction``'s shapes), so this is what a value in the next chunk is redacted with.
+    context: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     saved_at: float = 0.0
     saved: int = 0  # of ``shown``
@@ -137,9 +139,11 @@ def _take(
         return
     lines = state.text[state.seen : end].splitlines()
     state.seen = end
-    if lines:  # redacted with the line before them: a credential's value may follow its name on the next line
-        state.shown += redact("\n".join([state.last, *lines])).split("\n")[1:]
-        state.last = lines[-1]
+    if lines:  # redacted after the last line that was not blank: a credential's value may follow its name there
+        block = [*state.context, *lines]
+        state.shown += redact("\n".join(block)).split("\n")[len(state.context) :]
+        last = max((i for i, line in enumerate(block) if line.strip()), default=0)
+        state.context = block[last:]
     _save_log(ctx, kind, state)
     for line in state.shown[-len(lines) :] if lines else []:
         print(f"  [{kind}] {line}", flush=True)
