@@ -57,7 +57,9 @@ class _Follow:
     before: str = ""  # the log of the attempts before this one (``run_job``: evicted), saved ahead of its own
     seen: int = 0
     text: str = ""
-    shown: list[str] = field(default_factory=list)  # the complete lines of ``text``, each redacted once
+    # The complete lines of ``text``, each redacted once, as it came: a secret must be registered
+    # (``redaction.register``) before the job's log is followed, as the stages that read one do.
+    shown: list[str] = field(default_factory=list)
     # The last of them that was not blank and those after it, as they came: a credential's name and its value are
     # apart by whitespace alone (``redaction``'s shapes), so this is what a value in the next chunk is redacted with.
     context: list[str] = field(default_factory=list)
