@@ -38,11 +38,13 @@ _SHAPES = (
 
 
 def register(secret: str | bytes | None) -> None:
-    """Redact ``secret`` (and its base64 form) from now on in this process."""
+    """Redact ``secret`` (and its base64 form) from now on in this process; a secret of several lines each of its
+    lines too (a log is redacted line by line as it comes: ``components.stages.jobs``)."""
     text = secret.decode(errors="replace") if isinstance(secret, bytes) else secret or ""
     text = text.strip()
-    if len(text) >= MIN_SECRET:
-        _known.update({text, base64.b64encode(text.encode()).decode()})
+    for value in {text, *(line.strip() for line in text.splitlines())}:
+        if len(value) >= MIN_SECRET:
+            _known.update({value, base64.b64encode(value.encode()).decode()})
 
 
 def known() -> set[str]:

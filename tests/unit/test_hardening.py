@@ -184,6 +184,21 @@ def test_the_post_mortem_keeps_no_secret_the_logs_print(tmp_path, monkeypatch):
     assert json.loads(kept["logs/kubernetes.json"])["events"][0]["message"] == "auth: Bearer [redacted]"
 
 
+def test_a_secret_of_several_lines_is_redacted_from_a_log_that_comes_line_by_line(tmp_path):
+    from components.platforms import RunContext
+    from components.stages import jobs
+    from components.workload import resolve
+
+    key = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0B\nAQEFAASCBKcwggSjAgEAAoIB\n-----END KEY-----"
+    redaction.register(key)  # as the kube adapter registers each value of a Secret it reads
+    ctx = RunContext(spec=resolve("local-fsdp", ""), run_id="r", store=LocalStore(tmp_path / "r"), platform="local")
+    state = jobs._Follow()
+    for line in key.splitlines():  # printed by a job, a line a chunk
+        jobs._take(f"{line}\n", "train", state, ctx, None)
+    saved = (tmp_path / "r" / "logs" / "train.log").read_text()
+    assert "MIIEvQIBADANBgkqhkiG9w0B" not in saved and "AQEFAASCBKcwggSjAgEAAoIB" not in saved, saved
+
+
 def test_redaction_keeps_what_is_not_a_secret():
     text = "hf_hub_download failed: authorization failed for model x; token count 1234; Bearer"
     assert redaction.redact(text) == text
