@@ -57,7 +57,12 @@ class _Follow:
     before: str = ""  # the log of the attempts before this one (``run_job``: evicted), saved ahead of its own
     seen: int = 0
     text: str = ""
-    shown: list[str] = field(default_factory=list)  # the complete lines of ``text``, each redacted once
+    # The complete lines of ``text``, each redacted once, as it came: a secret must be registered
+    # (``redaction.register``) before the job's log is followed, as the stages that read one do.
+    shown: list[str] = field(default_factory=list)
+    # The last of them that was not blank and those after it, as they came: a credential's name and its value are
+    # apart by whitespace alone (``redaction``'s shapes), so this is what a value in the next chunk is redacted with.
+    context: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     saved_at: float = 0.0
     saved: int = 0  # of ``shown``
@@ -136,7 +141,11 @@ def _take(
         return
     lines = state.text[state.seen : end].splitlines()
     state.seen = end
-    state.shown += [redact(line) for line in lines]
+    if lines:  # redacted after the last line that was not blank: a credential's value may follow its name there
+        block = [*state.context, *lines]
+        state.shown += redact("\n".join(block)).split("\n")[len(state.context) :]
+        last = max((i for i, line in enumerate(block) if line.strip()), default=0)
+        state.context = block[last:]
     _save_log(ctx, kind, state)
     for line in state.shown[-len(lines) :] if lines else []:
         print(f"  [{kind}] {line}", flush=True)

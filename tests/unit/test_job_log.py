@@ -38,3 +38,17 @@ def test_a_record_split_between_two_chunks_is_parsed_once_whole(tmp_path):
     assert seen == []
     jobs._take('ep", "step": 7}\n', "train", state, ctx, lambda k, p: seen.append((k, p)))
     assert seen == [("event", {"event": "step", "step": 7})]
+
+
+def test_a_credential_whose_value_comes_on_the_line_after_its_name_in_the_next_chunk_is_redacted(tmp_path):
+    ctx = RunContext(spec=resolve("local-fsdp", ""), run_id="r", store=LocalStore(tmp_path / "r"), platform="local")
+    state = jobs._Follow()
+    jobs._take("headers: Authorization:\n", "train", state, ctx, None)
+    jobs._take("\n", "train", state, ctx, None)  # blank lines between, in a chunk of their own
+    jobs._take("  \n", "train", state, ctx, None)
+    jobs._take("  s3cr3tV4lue-of-a-token\nnext Bearer\n", "train", state, ctx, None)
+    jobs._take("\n  an0ther-t0ken-value\n", "train", state, ctx, None)
+    saved = (tmp_path / "r" / "logs" / "train.log").read_text()
+    assert "s3cr3tV4lue" not in saved and "an0ther" not in saved
+    lines = ["headers: Authorization:", "", "  ", "  [redacted]", "next Bearer", "", "  [redacted]"]
+    assert saved.splitlines() == lines
