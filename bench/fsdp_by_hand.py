@@ -3,7 +3,9 @@ train stage to.
 
 ``python -m torch.distributed.run --standalone --nproc_per_node=N bench/fsdp_by_hand.py --data-dir DIR ...`` runs in
 the torch environment. The model and the data come from the project's own builders (``trainers.model``,
-``trainers.data``) so both sides train the same weights on the same tokens; everything else (the process group,
+``trainers.data``) so both sides train the same weights on the same tokens, and its step is the trainer's
+(``trainers.mesh.train_step``: the loss a mean over every rank's labelled tokens, their count all-reduced each step, as
+transformers' Trainer computes it), so both compute the same losses; everything else (the process group,
 ``fully_shard``, the optimizer, the loop, the timing) is the plain loop a user writes for torchrun. Rank 0 prints one
 ``by-hand {json}`` line per epoch: epoch, loss, seconds, tokens/s, counted as ``trainers/fsdp.py`` counts them (every
 rank's padded tokens over the epoch's wall time, the epoch-end loss all-reduce included).
@@ -22,6 +24,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 
 from trainers import data
+from trainers.mesh import train_step
 from trainers.model import build_model, decoder_layers, frozen_params, load_tokenizer
 
 
@@ -61,17 +64,14 @@ def main() -> None:
         [p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=args.weight_decay
     )
 
+    cpu = torch.device("cpu")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
         started = time.perf_counter()
         loss_sum = torch.zeros(())
         for batch in loader:
-            loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach()
+            loss_sum += train_step(model, optimizer, batch, cpu)
         dist.all_reduce(loss_sum)
         loss = loss_sum.item() / len(loader) / world
         seconds = time.perf_counter() - started
