@@ -15,7 +15,12 @@ def test_descendants_cmdline_and_the_mark_a_process_carries():
         ["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' & wait"], env=env, start_new_session=True
     )
     try:
-        wait_until(lambda: len(procs.descendants(shell.pid)) == 1, 30, "the shell's child to start")
+        # The shell's child is a copy of the shell until it has exec'd Python: wait for that, not for the fork alone
+        def started() -> bool:
+            found = procs.descendants(shell.pid)
+            return len(found) == 1 and procs.cmdline(found[0])[:1] == [sys.executable]
+
+        wait_until(started, 30, "the shell's child to start Python")
         (child,) = procs.descendants(shell.pid)
         assert procs.cmdline(child)[:2] == [sys.executable, "-c"]
         assert sorted(procs.carrying("TPUPIPE_TEST_MARK", mark)) == sorted([shell.pid, child])
