@@ -76,14 +76,12 @@ def _save_log(ctx: RunContext, kind: str, state: _Follow, force: bool = False) -
     4,000 FSDP steps (a 2.8 MB log), beside the training on the same machine."""
     if state.saved == len(state.shown):
         return
-    new = "".join(line + "\n" for line in state.shown[state.saved :])
     root = ctx.store.local()
     if root is not None and state.saved:
         with open(root / "logs" / f"{kind}.log", "a") as f:
-            f.write(new)
+            f.write("".join(line + "\n" for line in state.shown[state.saved :]))
     elif force or root is not None or time.monotonic() - state.saved_at >= LOG_SAVE_S:
-        whole = "".join(line + "\n" for line in state.shown[: state.saved]) + new
-        write_text(ctx.store, f"logs/{kind}.log", redact(state.before) + whole)
+        write_text(ctx.store, f"logs/{kind}.log", redact(state.before) + "".join(f"{line}\n" for line in state.shown))
     else:
         return
     state.saved_at, state.saved = time.monotonic(), len(state.shown)
@@ -141,13 +139,13 @@ def _take(
         return
     lines = state.text[state.seen : end].splitlines()
     state.seen = end
-    if lines:  # redacted after the last line that was not blank: a credential's value may follow its name there
-        block = [*state.context, *lines]
-        state.shown += redact("\n".join(block)).split("\n")[len(state.context) :]
-        last = max((i for i, line in enumerate(block) if line.strip()), default=0)
-        state.context = block[last:]
+    # Redacted after the last line before them that was not blank: a credential's value may follow its name there
+    block = [*state.context, *lines]
+    shown = redact("\n".join(block)).split("\n")[len(state.context) :]
+    state.shown += shown
+    state.context = block[max((i for i, line in enumerate(block) if line.strip()), default=0) :]
     _save_log(ctx, kind, state)
-    for line in state.shown[-len(lines) :] if lines else []:
+    for line in shown:
         print(f"  [{kind}] {line}", flush=True)
     for rec in protocol.parse(lines, state.nonce):
         state.records.append(rec)
